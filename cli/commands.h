@@ -1,0 +1,20 @@
+// The nanogpt program's subcommands. Each cli/cmd_<name>.cpp adds one subcommand to the app; its
+// callback does the work through the libraries and throws on error. main() reports errors.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace nanogpt::cli {
+
+void add_prepare_command(CLI::App& app);    // cmd_prepare.cpp
+void add_train_command(CLI::App& app);      // cmd_train.cpp
+void add_sample_command(CLI::App& app);     // cmd_sample.cpp
+void add_attention_command(CLI::App& app);  // cmd_attention.cpp
+void add_plot_command(CLI::App& app);       // cmd_plot.cpp
+void add_export_command(CLI::App& app);     // cmd_export.cpp
+void add_bench_command(CLI::App& app);      // cmd_bench.cpp
+
+/// Exit status a subcommand wants when it ends without an error (e.g. 130 after Ctrl-C).
+int& exit_status();
+
+}  // namespace nanogpt::cli

@@ -1,0 +1,38 @@
+// nanogpt: prepare data, train, sample, look inside, export and benchmark a character-level GPT.
+// Thin: parse the subcommand, run it, turn any error into one clear line and a non-zero exit.
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+
+namespace nanogpt::cli {
+int& exit_status() {
+  static int status = 0;
+  return status;
+}
+}  // namespace nanogpt::cli
+
+int main(int argc, char** argv) {
+  using namespace nanogpt::cli;
+  CLI::App app{"nanogpt: train and sample character-level GPTs (nanoGPT, natively)"};
+  app.require_subcommand(1);
+  add_prepare_command(app);
+  add_train_command(app);
+  add_sample_command(app);
+  add_attention_command(app);
+  add_plot_command(app);
+  add_export_command(app);
+  add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "error: unknown failure\n");
+    return 1;
+  }
+  return exit_status();
+}

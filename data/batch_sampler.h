@@ -1,0 +1,44 @@
+// Random training windows from a token file, with a generator whose state can be saved and
+// restored so that a resumed run draws exactly the batches the uninterrupted run would have drawn.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include <torch/torch.h>
+
+namespace nanogpt::data {
+
+class BatchSampler {
+ public:
+  /// `tokens`: 1-D int32 CPU tensor (see read_token_file). Needs at least block_size + 1 tokens;
+  /// throws "[data] split has N tokens, fewer than block_size + 1 = M (...)" otherwise.
+  BatchSampler(torch::Tensor tokens, int64_t batch_size, int64_t block_size, uint64_t seed);
+
+  /// Draws batch_size random windows of block_size + 1 tokens.
+  /// x: (B, T) int64, y: (B, T) int64 = x shifted left by one. Placed on `device`.
+  std::pair<torch::Tensor, torch::Tensor> next(torch::Device device = torch::kCPU);
+
+  /// Deterministic sequential batch number `index`: windows start at
+  /// (index * B + b) * T wrapped into range; no generator state is touched.
+  std::pair<torch::Tensor, torch::Tensor> sequential(int64_t index, torch::Device device = torch::kCPU) const;
+
+  /// Generator state as text, and its inverse. restore_state throws on a malformed string.
+  std::string state() const;
+  void restore_state(const std::string& state);
+
+  int64_t num_tokens() const { return tokens_.size(0); }
+  int64_t batch_size() const { return batch_size_; }
+  int64_t block_size() const { return block_size_; }
+
+ private:
+  std::pair<torch::Tensor, torch::Tensor> gather(const std::vector<int64_t>& starts, torch::Device device) const;
+
+  torch::Tensor tokens_;  // (N,) int32, contiguous, CPU
+  int64_t batch_size_;
+  int64_t block_size_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace nanogpt::data

@@ -1,0 +1,33 @@
+// ModelConfig: everything that fixes the architecture. Stored inside every checkpoint.
+//
+// Shape legend used throughout model/:
+//   B batch, T sequence length, C n_embd, nh n_head, nkv n_kv_head, hs head size (C / nh), V vocab.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace nanogpt::model {
+
+struct ModelConfig {
+  int64_t vocab_size = 65;          // number of distinct characters
+  int64_t block_size = 256;         // maximum context length T
+  int64_t n_layer = 6;              // transformer blocks
+  int64_t n_head = 6;               // query heads
+  int64_t n_kv_head = 0;            // key/value heads (grouped-query attention); 0 means n_head
+  int64_t n_embd = 384;             // model width C
+  double dropout = 0.0;             // embedding, attention and residual dropout probability
+  bool bias = false;                // biases in Linear layers and LayerNorm (nanoGPT's char preset: false)
+  std::string pos_encoding = "rope";   // rope | sinusoidal | learned
+  double rope_base = 10000.0;       // RoPE frequency base
+  std::string norm = "layernorm";   // layernorm | rmsnorm
+  std::string attention = "auto";   // math | sdpa | auto (sdpa where LibTorch has it, else math)
+
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t head_size() const { return n_embd / n_head; }
+
+  /// Throws std::invalid_argument "[model] n_embd (384) must be divisible by n_head (5)" etc.
+  void validate() const;
+};
+
+}  // namespace nanogpt::model

@@ -1,0 +1,63 @@
+// GPT: token embedding (+ positions), n_layer pre-norm blocks, final norm, a head tied to the
+// token embedding. Parameter names follow nanoGPT: wte, wpe, h.0.attn.q_proj, ..., ln_f.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <utility>
+#include <vector>
+
+#include "model/block.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/norm.h"
+
+namespace nanogpt::model {
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const ModelConfig& config);
+
+  /// idx (B, T) int64 token ids, T <= block_size.
+  /// With targets (B, T): returns logits (B, T, V) and the mean cross-entropy loss (scalar, fp32).
+  /// Without targets: logits of the last position only, (B, 1, V), and an undefined loss.
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& idx, const torch::Tensor& targets = {});
+
+  /// Logits at every position, (B, T, V).
+  torch::Tensor logits(const torch::Tensor& idx);
+
+  /// Attention weights of every layer, each (B, nh, T, T), rows = queries (math path, no dropout).
+  std::vector<torch::Tensor> attention_maps(const torch::Tensor& idx);
+
+  /// Incremental decoding: appends idx_new (B, T_new) to the cache and returns the logits of the
+  /// last new position, (B, V). Positions continue from cache.length(); cache.length() + T_new must
+  /// not exceed block_size (the caller slides the window: see model/generate.h).
+  torch::Tensor forward_cached(const torch::Tensor& idx_new, KVCache& cache);
+
+  /// An empty cache sized for this model.
+  KVCache make_cache() const;
+
+  /// Parameters, excluding learned position embeddings when non_embedding (nanoGPT's convention;
+  /// the head is tied to wte, so wte counts once).
+  int64_t num_params(bool non_embedding = true) const;
+
+  /// Training FLOPs per token, nanoGPT's estimate: 6N + 12 * n_layer * n_head * head_size * T.
+  double flops_per_token() const;
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  torch::Tensor embed(const torch::Tensor& idx, int64_t start_pos);  // (B, T) -> (B, T, C)
+  torch::Tensor head(const torch::Tensor& x);                         // (B, T, C) -> (B, T, V)
+
+  ModelConfig config_;
+  torch::nn::Embedding wte{nullptr};  // (V, C), also the output head
+  torch::nn::Embedding wpe{nullptr};  // (block_size, C), learned positions only
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList h{nullptr};   // n_layer Blocks
+  Norm ln_f{nullptr};
+  torch::Tensor sinusoid_;            // (block_size, C) cached table, sinusoidal only; not a buffer
+};
+TORCH_MODULE(GPT);
+
+}  // namespace nanogpt::model

@@ -1,0 +1,85 @@
+// TrainConfig: one flat set of keys, named as in nanoGPT's train.py, read from YAML and overridden
+// from the command line exactly like nanoGPT (`--max_iters=100 --device=cpu`). YAML lives only here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace nanogpt::train {
+
+struct TrainConfig {
+  // I/O
+  std::string out_dir = "out";               // checkpoints, metrics.csv, train.log, config.yaml
+  int64_t eval_interval = 2000;              // evaluate (and write ckpt_last.pt) every N iters
+  int64_t log_interval = 1;                  // one [train] line every N iters
+  int64_t eval_iters = 200;                  // batches averaged per split at each evaluation
+  bool eval_only = false;                    // evaluate once and exit
+  bool always_save_checkpoint = true;        // true: ckpt_best.pt at every eval (nanoGPT's ckpt.pt); false: only when val improves
+  std::string init_from = "scratch";         // scratch | resume
+  // data
+  std::string dataset = "data/shakespeare_char";  // folder with input.txt (tokens prepared on demand)
+  double val_fraction = 0.1;                 // last fraction of the characters held out for val
+  int64_t gradient_accumulation_steps = 1;   // micro-batches per optimizer step
+  int64_t batch_size = 12;                   // sequences per micro-batch
+  int64_t block_size = 1024;                 // context length T
+  // model
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_kv_head = 0;                     // grouped-query attention; 0 = n_head
+  int64_t n_embd = 768;
+  double dropout = 0.0;
+  bool bias = false;
+  std::string pos_encoding = "rope";         // rope | sinusoidal | learned
+  double rope_base = 10000.0;
+  std::string norm = "layernorm";            // layernorm | rmsnorm
+  std::string attention = "auto";            // math | sdpa | auto
+  // AdamW
+  double learning_rate = 6e-4;               // max learning rate
+  int64_t max_iters = 600000;                // total optimizer steps
+  double weight_decay = 1e-1;                // on >= 2-D weights only
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double grad_clip = 1.0;                    // clip the global grad norm at this value; 0 = off
+  // learning rate schedule
+  bool decay_lr = true;                      // warmup + cosine decay; false = constant learning_rate
+  int64_t warmup_iters = 2000;
+  int64_t lr_decay_iters = 600000;           // ~ max_iters per Chinchilla
+  double min_lr = 6e-5;                      // ~ learning_rate / 10
+  // system
+  std::string device = "auto";               // auto | cpu | cuda | cuda:N
+  std::string dtype = "float32";             // float32 | bfloat16 (autocast; fp32 master weights)
+  int64_t seed = 1337;
+  int64_t num_threads = 0;                   // intra-op threads; 0 = all cores
+  bool compile = false;                      // accepted for nanoGPT compatibility; no effect here
+  bool plot = true;                          // redraw out_dir/loss.png at every evaluation
+
+  /// The architecture part, with vocab_size filled in by the caller.
+  model::ModelConfig model_config(int64_t vocab_size) const;
+  /// Copies the architecture keys from a checkpoint's config (resume forces them).
+  void set_architecture(const model::ModelConfig& m);
+
+  /// Throws std::invalid_argument "[config] <key> (<value>) must ...: hint" on impossible values.
+  void validate() const;
+};
+
+/// Parses YAML text. Unknown keys and wrong types throw "[config] <source>: unknown key 'x' ..." /
+/// "[config] <source>: key 'max_iters' expects an integer, got 'abc'". Keys not given keep defaults.
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source = "config");
+
+/// Reads and parses a YAML file. Throws "[config] cannot read 'path': ..." when missing.
+TrainConfig load_config(const std::string& path);
+
+/// Applies nanoGPT-style overrides, each "--key=value" (the value parsed as YAML scalar for the key's
+/// type). Malformed ("--max_iters", "--=3", "max_iters=3") or unknown keys throw naming the argument.
+void apply_overrides(TrainConfig& config, const std::vector<std::string>& overrides);
+
+/// The whole config as YAML, every key, in declaration order (parse_config(to_yaml(c)) == c).
+std::string to_yaml(const TrainConfig& config);
+
+/// The list of known keys in declaration order (for help and docs).
+std::vector<std::string> config_keys();
+
+}  // namespace nanogpt::train
