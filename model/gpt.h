@@ -11,6 +11,7 @@
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/norm.h"
+#include "model/positions.h"
 
 namespace nanogpt::model {
 
@@ -48,6 +49,8 @@ class GPTImpl : public torch::nn::Module {
 
  private:
   torch::Tensor embed(const torch::Tensor& idx, int64_t start_pos);  // (B, T) -> (B, T, C)
+  torch::Tensor run_blocks(torch::Tensor x, int64_t start_pos, KVCache* cache, std::vector<torch::Tensor>* weights);
+  void init_weights();
   torch::Tensor head(const torch::Tensor& x);                         // (B, T, C) -> (B, T, V)
 
   ModelConfig config_;
@@ -57,6 +60,7 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::ModuleList h{nullptr};   // n_layer Blocks
   Norm ln_f{nullptr};
   torch::Tensor sinusoid_;            // (block_size, C) cached table, sinusoidal only; not a buffer
+  std::shared_ptr<Rope> rope_;        // cached cos/sin tables, rope only; not a buffer
 };
 TORCH_MODULE(GPT);
 

@@ -1,0 +1,84 @@
+// Causal self-attention (see attention.h).
+#include "model/attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "model/backend.h"
+
+namespace nanogpt::model {
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config)
+    : n_head_(config.n_head),
+      n_kv_head_(config.kv_heads()),
+      head_size_(config.head_size()),
+      block_size_(config.block_size),
+      dropout_(config.dropout),
+      use_sdpa_(config.attention == "sdpa" || (config.attention == "auto" && backend::has_sdpa())) {
+  const int64_t C = config.n_embd, kv_width = n_kv_head_ * head_size_;
+  auto linear = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(config.bias); };
+  q_proj = register_module("q_proj", torch::nn::Linear(linear(C, C)));
+  k_proj = register_module("k_proj", torch::nn::Linear(linear(C, kv_width)));
+  v_proj = register_module("v_proj", torch::nn::Linear(linear(C, kv_width)));
+  c_proj = register_module("c_proj", torch::nn::Linear(linear(C, C)));
+  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor CausalSelfAttentionImpl::causal_mask(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device) {
+  if (!mask_.defined() || mask_.device() != device)
+    mask_ = torch::ones({block_size_, block_size_}, torch::TensorOptions().dtype(torch::kBool).device(device))
+                .triu(1);  // (block, block): key j hidden from query i when j > i
+  // Queries are absolute positions start_pos .. start_pos+T-1; keys are 0 .. Tk-1.
+  return mask_.narrow(0, start_pos, T).narrow(1, 0, Tk);  // (T, Tk)
+}
+
+torch::Tensor CausalSelfAttentionImpl::math_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                                      const torch::Tensor& v, int64_t start_pos,
+                                                      torch::Tensor* weights_out) {
+  const int64_t T = q.size(2), Tk = k.size(2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_size_));
+  auto att = q.matmul(k.transpose(-2, -1)) * scale;  // (B, nh, T, Tk)
+  if (T > 1)  // one new query sees every cached key: nothing to mask
+    att = att.masked_fill(causal_mask(start_pos, T, Tk, q.device()), -std::numeric_limits<float>::infinity());
+  att = torch::softmax(att, -1);  // (B, nh, T, Tk), rows sum to 1
+  if (weights_out) *weights_out = att;
+  att = attn_dropout(att);
+  return att.matmul(v);  // (B, nh, T, hs)
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const AttentionContext& ctx) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  auto q = q_proj(x).view({B, T, n_head_, head_size_}).transpose(1, 2);     // (B, nh, T, hs)
+  auto k = k_proj(x).view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
+  auto v = v_proj(x).view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
+  if (ctx.rope) {
+    q = ctx.rope->apply(q, ctx.start_pos);
+    k = ctx.rope->apply(k, ctx.start_pos);
+  }
+  if (ctx.k_cache) {  // append this step's keys/values to the cache and attend over all of them
+    if (ctx.k_cache->defined()) {
+      k = torch::cat({*ctx.k_cache, k}, 2);  // (B, nkv, Tk, hs)
+      v = torch::cat({*ctx.v_cache, v}, 2);
+    }
+    *ctx.k_cache = k;
+    *ctx.v_cache = v;
+  }
+  if (n_kv_head_ != n_head_) {  // each kv head serves n_head / n_kv_head consecutive query heads
+    k = k.repeat_interleave(n_head_ / n_kv_head_, 1);  // (B, nh, Tk, hs)
+    v = v.repeat_interleave(n_head_ / n_kv_head_, 1);
+  }
+  torch::Tensor y;
+  if (use_sdpa_ && !ctx.weights) {
+    const int64_t Tk = k.size(2);
+    const bool plain_causal = T == Tk;  // no cached prefix: the kernel's own causal mask fits
+    auto mask = (plain_causal || T == 1) ? torch::Tensor() : causal_mask(ctx.start_pos, T, Tk, x.device());
+    y = backend::sdpa(q, k, v, mask, plain_causal && T > 1, is_training() ? dropout_ : 0.0);  // (B, nh, T, hs)
+  } else {
+    y = math_attention(q, k, v, ctx.start_pos, ctx.weights);  // (B, nh, T, hs)
+  }
+  y = y.transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C): heads side by side
+  return resid_dropout(c_proj(y));
+}
+
+}  // namespace nanogpt::model

@@ -1,0 +1,48 @@
+// Causal multi-head self-attention, written as taught: explicit Q, K, V and output projections,
+// softmax(Q Kᵀ / √hs) V under a causal mask, several heads. Grouped-query attention: K and V have
+// n_kv_head heads, each shared by n_head / n_kv_head query heads (n_kv_head = n_head is plain MHA).
+#pragma once
+
+#include <torch/torch.h>
+
+#include "model/config.h"
+#include "model/positions.h"
+
+namespace nanogpt::model {
+
+/// Per-call inputs beyond x: where the positions start, the KV cache slots of this layer, and
+/// whether to hand back the attention weights.
+struct AttentionContext {
+  int64_t start_pos = 0;             // absolute position of x's first token
+  Rope* rope = nullptr;              // rotary tables when pos_encoding == rope
+  torch::Tensor* k_cache = nullptr;  // (B, nkv, T_cached, hs), grown in place; nullptr = no cache
+  torch::Tensor* v_cache = nullptr;
+  torch::Tensor* weights = nullptr;  // receives (B, nh, T, Tk) softmax weights (forces the math path)
+};
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const ModelConfig& config);
+
+  /// x (B, T, C) -> (B, T, C).
+  torch::Tensor forward(const torch::Tensor& x, const AttentionContext& ctx = {});
+
+  torch::nn::Linear q_proj{nullptr};  // C -> nh * hs
+  torch::nn::Linear k_proj{nullptr};  // C -> nkv * hs
+  torch::nn::Linear v_proj{nullptr};  // C -> nkv * hs
+  torch::nn::Linear c_proj{nullptr};  // C -> C, the output projection
+
+ private:
+  torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               int64_t start_pos, torch::Tensor* weights_out);
+  torch::Tensor causal_mask(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device);  // (T, Tk) bool
+
+  int64_t n_head_, n_kv_head_, head_size_, block_size_;
+  double dropout_;
+  bool use_sdpa_;
+  torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
+  torch::Tensor mask_;  // (block_size, block_size) bool, true above the diagonal; cached, not a buffer
+};
+TORCH_MODULE(CausalSelfAttention);
+
+}  // namespace nanogpt::model

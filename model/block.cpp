@@ -1,0 +1,18 @@
+// Block (see block.h).
+#include "model/block.h"
+
+namespace nanogpt::model {
+
+BlockImpl::BlockImpl(const ModelConfig& config) {
+  ln_1 = register_module("ln_1", Norm(config.norm, config.n_embd, config.bias));
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln_2 = register_module("ln_2", Norm(config.norm, config.n_embd, config.bias));
+  mlp = register_module("mlp", MLP(config));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, const AttentionContext& ctx) {
+  auto h = x + attn(ln_1(x), ctx);  // (B, T, C)
+  return h + mlp(ln_2(h));          // (B, T, C)
+}
+
+}  // namespace nanogpt::model

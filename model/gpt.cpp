@@ -1,0 +1,135 @@
+// GPT (see gpt.h): embeddings -> blocks -> ln_f -> tied head.
+#include "model/gpt.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace nanogpt::model {
+
+GPTImpl::GPTImpl(const ModelConfig& config) : config_(config) {
+  config_.validate();
+  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
+  if (config.pos_encoding == "learned")
+    wpe = register_module("wpe", torch::nn::Embedding(config.block_size, config.n_embd));
+  else if (config.pos_encoding == "sinusoidal")
+    sinusoid_ = sinusoidal_table(config.block_size, config.n_embd);
+  else
+    rope_ = std::make_shared<Rope>(config.block_size, config.head_size(), config.rope_base);
+  drop = register_module("drop", torch::nn::Dropout(config.dropout));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Block(config));
+  ln_f = register_module("ln_f", Norm(config.norm, config.n_embd, config.bias));
+  init_weights();
+}
+
+void GPTImpl::init_weights() {
+  // GPT-2: every weight N(0, 0.02), biases zero, norms one; the output projections of each
+  // residual branch get 0.02 / sqrt(2 n_layer) so the residual stream's variance does not grow
+  // with depth.
+  torch::NoGradGuard no_grad;
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    const bool is_norm = name.find("ln_") != std::string::npos;
+    if (is_norm) continue;  // ones / zeros from Norm's constructor
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      p.zero_();
+    } else if (name.find("c_proj.weight") != std::string::npos) {
+      p.normal_(0.0, proj_std);
+    } else {
+      p.normal_(0.0, 0.02);
+    }
+  }
+}
+
+torch::Tensor GPTImpl::embed(const torch::Tensor& idx, int64_t start_pos) {
+  const int64_t T = idx.size(1);
+  if (start_pos + T > config_.block_size)
+    throw std::invalid_argument("[model] sequence of " + std::to_string(start_pos + T) +
+                                " positions exceeds block_size " + std::to_string(config_.block_size));
+  auto x = wte(idx);  // (B, T, C)
+  if (wpe) {
+    auto pos = torch::arange(start_pos, start_pos + T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+    x = x + wpe(pos);  // (B, T, C) + (T, C)
+  } else if (sinusoid_.defined()) {
+    if (sinusoid_.device() != idx.device()) sinusoid_ = sinusoid_.to(idx.device());
+    x = x + sinusoid_.narrow(0, start_pos, T);  // (B, T, C) + (T, C)
+  }
+  return drop(x);
+}
+
+torch::Tensor GPTImpl::run_blocks(torch::Tensor x, int64_t start_pos, KVCache* cache,
+                                  std::vector<torch::Tensor>* weights) {
+  for (size_t i = 0; i < h->size(); ++i) {
+    AttentionContext ctx;
+    ctx.start_pos = start_pos;
+    ctx.rope = rope_.get();
+    if (cache) {
+      ctx.k_cache = &cache->k[i];
+      ctx.v_cache = &cache->v[i];
+    }
+    if (weights) ctx.weights = &(*weights)[i];
+    x = h[i]->as<Block>()->forward(x, ctx);  // (B, T, C)
+  }
+  return ln_f(x);
+}
+
+torch::Tensor GPTImpl::head(const torch::Tensor& x) {
+  return torch::nn::functional::linear(x, wte->weight);  // (B, T, V): weight tying
+}
+
+std::pair<torch::Tensor, torch::Tensor> GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+  auto x = run_blocks(embed(idx, 0), 0, nullptr, nullptr);  // (B, T, C)
+  if (!targets.defined()) {
+    auto last = x.narrow(1, x.size(1) - 1, 1);  // (B, 1, C): only the next token matters
+    return {head(last), torch::Tensor()};
+  }
+  auto logits = head(x);  // (B, T, V)
+  const int64_t V = logits.size(-1);
+  auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, V}).to(torch::kFloat),  // (B*T, V)
+                                                   targets.reshape({-1}));                     // (B*T,)
+  return {logits, loss};
+}
+
+torch::Tensor GPTImpl::logits(const torch::Tensor& idx) { return head(run_blocks(embed(idx, 0), 0, nullptr, nullptr)); }
+
+std::vector<torch::Tensor> GPTImpl::attention_maps(const torch::Tensor& idx) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = is_training();
+  eval();
+  std::vector<torch::Tensor> weights(h->size());
+  run_blocks(embed(idx, 0), 0, nullptr, &weights);
+  train(was_training);
+  return weights;
+}
+
+KVCache GPTImpl::make_cache() const {
+  KVCache cache;
+  cache.k.resize(config_.n_layer);
+  cache.v.resize(config_.n_layer);
+  return cache;
+}
+
+torch::Tensor GPTImpl::forward_cached(const torch::Tensor& idx_new, KVCache& cache) {
+  if (cache.k.size() != h->size()) cache = make_cache();
+  const int64_t start = cache.length();
+  auto x = run_blocks(embed(idx_new, start), start, &cache, nullptr);  // (B, T_new, C)
+  auto last = x.select(1, x.size(1) - 1);                               // (B, C)
+  return head(last);                                                     // (B, V)
+}
+
+int64_t GPTImpl::num_params(bool non_embedding) const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  if (non_embedding && wpe) n -= wpe->weight.numel();
+  return n;
+}
+
+double GPTImpl::flops_per_token() const {
+  const double N = static_cast<double>(num_params());
+  const double L = config_.n_layer, H = config_.n_head, Q = config_.head_size(), T = config_.block_size;
+  return 6.0 * N + 12.0 * L * H * Q * T;
+}
+
+}  // namespace nanogpt::model

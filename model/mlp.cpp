@@ -1,0 +1,17 @@
+// MLP (see mlp.h).
+#include "model/mlp.h"
+
+namespace nanogpt::model {
+
+MLPImpl::MLPImpl(const ModelConfig& config) {
+  const int64_t C = config.n_embd;
+  c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(C, 4 * C).bias(config.bias)));
+  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * C, C).bias(config.bias)));
+  dropout = register_module("dropout", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return dropout(c_proj(torch::gelu(c_fc(x))));  // (B, T, 4C) inside, exact (erf) GELU like nanoGPT
+}
+
+}  // namespace nanogpt::model

@@ -1,0 +1,29 @@
+// Normalisation layers for the pre-norm blocks: LayerNorm with an optional bias (PyTorch's
+// LayerNorm has no bias=False before 2.1, and nanoGPT's char preset uses none), or RMSNorm.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace nanogpt::model {
+
+class NormImpl : public torch::nn::Module {
+ public:
+  /// kind: "layernorm" (weight, optional bias) or "rmsnorm" (weight only).
+  NormImpl(const std::string& kind, int64_t n_embd, bool bias);
+
+  /// x (..., C) -> (..., C), same dtype as x's computation under autocast.
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight;  // (C,) initialised to ones
+  torch::Tensor bias;    // (C,) zeros, layernorm with bias only; undefined otherwise
+
+ private:
+  bool rms_;
+  int64_t n_embd_;
+  double eps_ = 1e-5;
+};
+TORCH_MODULE(Norm);
+
+}  // namespace nanogpt::model

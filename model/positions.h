@@ -1,0 +1,33 @@
+// Position information, three ways (ModelConfig::pos_encoding):
+//  - learned:    a trained table wpe (block_size, C) added to the token embeddings (nanoGPT, GPT-2).
+//  - sinusoidal: the fixed table of Vaswani et al. added to the token embeddings:
+//                PE[p, 2i] = sin(p / 10000^(2i/C)),  PE[p, 2i+1] = cos(p / 10000^(2i/C)).
+//  - rope:       rotary embeddings applied to q and k in every attention layer (Su et al.), so the
+//                score q·k depends only on the relative offset. Convention: SPLIT HALVES (GPT-NeoX,
+//                LLaMA-HF): dimension i is paired with i + hs/2, not with its neighbour:
+//                  out[i]        = x[i] cos(p θ_i) - x[i + hs/2] sin(p θ_i)
+//                  out[i + hs/2] = x[i + hs/2] cos(p θ_i) + x[i] sin(p θ_i),  θ_i = base^(-2i/hs).
+// The fixed tables are computed once and cached; none is a registered buffer, so none is saved.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace nanogpt::model {
+
+/// The sinusoidal table, (n_positions, C) fp32.
+torch::Tensor sinusoidal_table(int64_t n_positions, int64_t n_embd);
+
+/// Cached cos/sin tables for RoPE, each (block_size, hs/2) fp32, moved to a device on demand.
+class Rope {
+ public:
+  Rope(int64_t block_size, int64_t head_size, double base);
+
+  /// Rotates x (B, nh, T, hs) as positions start_pos .. start_pos + T - 1. Same shape and dtype.
+  torch::Tensor apply(const torch::Tensor& x, int64_t start_pos);
+
+ private:
+  torch::Tensor cos_, sin_;  // (block_size, hs/2)
+  int64_t half_;
+};
+
+}  // namespace nanogpt::model

@@ -1,0 +1,316 @@
+// The GPT model against independent references (a naive per-head loop, the formulas) and
+// properties (causality, relative positions, cache equivalence).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "model/attention.h"
+#include "model/backend.h"
+#include "model/generate.h"
+#include "model/gpt.h"
+#include "model/positions.h"
+
+using namespace nanogpt::model;
+
+namespace {
+
+ModelConfig tiny(const std::string& pos = "rope", const std::string& norm = "layernorm") {
+  ModelConfig c;
+  c.vocab_size = 11;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 16;
+  c.pos_encoding = pos;
+  c.norm = norm;
+  c.attention = "math";
+  return c;
+}
+
+// softmax(q kᵀ/√d) v with an explicit causal loop, one (batch, head) at a time.
+torch::Tensor naive_attention(CausalSelfAttentionImpl& attn, const torch::Tensor& x, int64_t nh, int64_t nkv) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / nh;
+  auto q = attn.q_proj(x), k = attn.k_proj(x), v = attn.v_proj(x);  // (B, T, nh*hs) / (B, T, nkv*hs)
+  std::vector<torch::Tensor> heads;
+  for (int64_t h = 0; h < nh; ++h) {
+    const int64_t g = h / (nh / nkv);  // kv head serving query head h
+    std::vector<torch::Tensor> batch;
+    for (int64_t b = 0; b < B; ++b) {
+      auto qh = q[b].narrow(1, h * hs, hs), kh = k[b].narrow(1, g * hs, hs), vh = v[b].narrow(1, g * hs, hs);
+      std::vector<torch::Tensor> rows;
+      for (int64_t i = 0; i < T; ++i) {
+        auto scores = (kh.narrow(0, 0, i + 1) * qh[i]).sum(1) / std::sqrt(static_cast<double>(hs));  // (i+1,)
+        auto w = torch::exp(scores - scores.max());
+        w = w / w.sum();
+        rows.push_back((w.unsqueeze(1) * vh.narrow(0, 0, i + 1)).sum(0));  // (hs,)
+      }
+      batch.push_back(torch::stack(rows));  // (T, hs)
+    }
+    heads.push_back(torch::stack(batch));  // (B, T, hs)
+  }
+  return attn.c_proj(torch::cat(heads, 2));  // (B, T, C)
+}
+
+}  // namespace
+
+TEST(Attention, MatchesNaiveReferenceForwardAndGradients) {
+  torch::manual_seed(0);
+  for (int64_t nkv : {4, 2, 1}) {
+    auto cfg = tiny();
+    cfg.n_kv_head = nkv;
+    CausalSelfAttention attn(cfg);
+    auto x = torch::randn({2, 6, 16}, torch::requires_grad());
+    auto y = attn(x, AttentionContext{});
+    auto y_ref = naive_attention(*attn, x, 4, nkv);
+    ASSERT_TRUE(torch::allclose(y, y_ref, 1e-5, 1e-6)) << "nkv=" << nkv;
+    auto g = torch::randn_like(y);
+    auto grads = torch::autograd::grad({y}, {x, attn->k_proj->weight}, {g});
+    auto grads_ref = torch::autograd::grad({y_ref}, {x, attn->k_proj->weight}, {g});
+    EXPECT_TRUE(torch::allclose(grads[0], grads_ref[0], 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(grads[1], grads_ref[1], 1e-5, 1e-6));
+  }
+}
+
+TEST(Attention, WeightsRowsSumToOneAndAreCausal) {
+  torch::manual_seed(1);
+  CausalSelfAttention attn(tiny());
+  torch::Tensor w;
+  AttentionContext ctx;
+  ctx.weights = &w;
+  attn(torch::randn({1, 5, 16}), ctx);
+  ASSERT_EQ(w.sizes(), torch::IntArrayRef({1, 4, 5, 5}));
+  EXPECT_TRUE(torch::allclose(w.sum(-1), torch::ones({1, 4, 5})));
+  EXPECT_EQ(w.triu(1).abs().max().item<float>(), 0.0f);
+}
+
+TEST(Attention, SdpaMatchesMath) {
+  if (!backend::has_sdpa()) GTEST_SKIP() << "LibTorch " << backend::torch_version() << " has no SDPA";
+  torch::manual_seed(2);
+  auto math_cfg = tiny(), sdpa_cfg = tiny();
+  sdpa_cfg.attention = "sdpa";
+  GPT math_model(math_cfg), sdpa_model(sdpa_cfg);
+  torch::NoGradGuard no_grad;
+  auto src = math_model->named_parameters();
+  for (auto& p : sdpa_model->named_parameters()) p.value().copy_(src[p.key()]);
+  auto idx = torch::randint(11, {2, 8});
+  EXPECT_TRUE(torch::allclose(math_model->logits(idx), sdpa_model->logits(idx), 1e-4, 1e-5));
+  auto cache_m = math_model->make_cache(), cache_s = sdpa_model->make_cache();
+  math_model->forward_cached(idx.narrow(1, 0, 5), cache_m);
+  sdpa_model->forward_cached(idx.narrow(1, 0, 5), cache_s);
+  EXPECT_TRUE(torch::allclose(math_model->forward_cached(idx.narrow(1, 5, 3), cache_m),
+                              sdpa_model->forward_cached(idx.narrow(1, 5, 3), cache_s), 1e-4, 1e-5));
+}
+
+TEST(Attention, GroupedQueryWithAllHeadsEqualsMultiHead) {
+  torch::manual_seed(3);
+  auto mha_cfg = tiny(), gqa_cfg = tiny();
+  gqa_cfg.n_kv_head = gqa_cfg.n_head;
+  mha_cfg.n_kv_head = 0;
+  CausalSelfAttention mha(mha_cfg), gqa(gqa_cfg);
+  torch::NoGradGuard no_grad;
+  auto src = mha->named_parameters();
+  for (auto& p : gqa->named_parameters()) p.value().copy_(src[p.key()]);
+  auto x = torch::randn({2, 7, 16});
+  EXPECT_TRUE(torch::equal(mha(x, AttentionContext{}), gqa(x, AttentionContext{})));
+}
+
+TEST(Attention, GroupedQueryEqualsMultiHeadWithSharedKeyValueWeights) {
+  torch::manual_seed(4);
+  auto gqa_cfg = tiny();
+  gqa_cfg.n_kv_head = 2;  // heads {0,1} share kv head 0, {2,3} share kv head 1
+  CausalSelfAttention mha(tiny()), gqa(gqa_cfg);
+  torch::NoGradGuard no_grad;
+  mha->q_proj->weight.copy_(gqa->q_proj->weight);
+  mha->c_proj->weight.copy_(gqa->c_proj->weight);
+  const int64_t hs = 4;
+  for (int64_t h = 0; h < 4; ++h) {
+    mha->k_proj->weight.narrow(0, h * hs, hs).copy_(gqa->k_proj->weight.narrow(0, (h / 2) * hs, hs));
+    mha->v_proj->weight.narrow(0, h * hs, hs).copy_(gqa->v_proj->weight.narrow(0, (h / 2) * hs, hs));
+  }
+  auto x = torch::randn({2, 7, 16});
+  EXPECT_TRUE(torch::allclose(mha(x, AttentionContext{}), gqa(x, AttentionContext{}), 1e-5, 1e-6));
+}
+
+TEST(Positions, RopePreservesNormsAndDependsOnlyOnRelativeOffset) {
+  torch::manual_seed(5);
+  Rope rope(64, 8, 10000.0);
+  auto q = torch::randn({1, 1, 1, 8}), k = torch::randn({1, 1, 1, 8});
+  for (int64_t p : {0, 3, 17, 63})
+    EXPECT_NEAR(rope.apply(q, p).norm().item<double>(), q.norm().item<double>(), 1e-5);
+  auto score = [&](int64_t pq, int64_t pk) { return (rope.apply(q, pq) * rope.apply(k, pk)).sum().item<double>(); };
+  EXPECT_NEAR(score(5, 2), score(40, 37), 1e-4);
+  EXPECT_NEAR(score(9, 9), score(0, 0), 1e-4);
+  EXPECT_GT(std::abs(score(5, 2) - score(5, 4)), 1e-4);  // a different offset gives a different score
+}
+
+TEST(Positions, RopeUsesSplitHalvesConvention) {
+  Rope rope(16, 4, 100.0);
+  auto x = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f}).view({1, 1, 1, 4});
+  auto y = rope.apply(x, 3);
+  // Pairs are (x0, x2) with θ0 = 1 and (x1, x3) with θ1 = 100^(-1/2) = 0.1, at position 3.
+  const double a0 = 3.0, a1 = 0.3;
+  EXPECT_NEAR(y[0][0][0][0].item<double>(), 1 * std::cos(a0) - 3 * std::sin(a0), 1e-5);
+  EXPECT_NEAR(y[0][0][0][2].item<double>(), 3 * std::cos(a0) + 1 * std::sin(a0), 1e-5);
+  EXPECT_NEAR(y[0][0][0][1].item<double>(), 2 * std::cos(a1) - 4 * std::sin(a1), 1e-5);
+  EXPECT_NEAR(y[0][0][0][3].item<double>(), 4 * std::cos(a1) + 2 * std::sin(a1), 1e-5);
+}
+
+TEST(Positions, SinusoidalTableMatchesFormula) {
+  const int64_t C = 16;
+  auto table = sinusoidal_table(50, C);
+  for (int64_t p : {0, 1, 7, 49})
+    for (int64_t i : {0, 1, 5, 7}) {
+      const double angle = p / std::pow(10000.0, 2.0 * i / C);
+      EXPECT_NEAR(table[p][2 * i].item<double>(), std::sin(angle), 1e-6) << p << "," << i;
+      EXPECT_NEAR(table[p][2 * i + 1].item<double>(), std::cos(angle), 1e-6) << p << "," << i;
+    }
+}
+
+TEST(GPT, IsCausalForEveryPositionEncodingAndNorm) {
+  for (const std::string pos : {"rope", "sinusoidal", "learned"})
+    for (const std::string norm : {"layernorm", "rmsnorm"}) {
+      torch::manual_seed(6);
+      GPT model(tiny(pos, norm));
+      model->eval();
+      torch::NoGradGuard no_grad;
+      auto idx = torch::randint(11, {2, 8});
+      auto base = model->logits(idx);
+      for (int64_t t = 0; t + 1 < 8; ++t) {
+        auto changed = idx.clone();
+        changed.narrow(1, t + 1, 1).add_(1).remainder_(11);
+        auto out = model->logits(changed);
+        EXPECT_TRUE(torch::equal(out.narrow(1, 0, t + 1), base.narrow(1, 0, t + 1))) << pos << "/" << norm << " t=" << t;
+        EXPECT_FALSE(torch::equal(out.narrow(1, t + 1, 1), base.narrow(1, t + 1, 1))) << pos << "/" << norm;
+      }
+    }
+}
+
+TEST(GPT, InitialLossIsAboutLnVocab) {
+  torch::manual_seed(7);
+  auto cfg = tiny();
+  cfg.vocab_size = 65;
+  GPT model(cfg);
+  auto idx = torch::randint(65, {8, 8}), targets = torch::randint(65, {8, 8});
+  const double loss = model->forward(idx, targets).second.item<double>();
+  EXPECT_NEAR(loss, std::log(65.0), 0.15);
+}
+
+TEST(GPT, HeadIsTiedToTokenEmbedding) {
+  torch::manual_seed(8);
+  GPT model(tiny());
+  int64_t vocab_shaped = 0;
+  for (auto& p : model->named_parameters()) {
+    EXPECT_EQ(p.key().find("lm_head"), std::string::npos);
+    if (p.value().sizes() == torch::IntArrayRef({11, 16})) ++vocab_shaped;
+  }
+  EXPECT_EQ(vocab_shaped, 1);
+  // Changing one embedding row changes that token's logit everywhere: the head reads wte.
+  auto idx = torch::randint(11, {1, 5});
+  torch::NoGradGuard no_grad;
+  auto before = model->logits(idx);
+  auto wte = model->named_parameters()["wte.weight"];
+  wte[3].mul_(2.0);
+  auto after = model->logits(idx);
+  EXPECT_FALSE(torch::allclose(before.select(2, 3), after.select(2, 3)));
+}
+
+TEST(GPT, ParameterCountMatchesNanoGPT) {
+  ModelConfig full;  // 6 layers, 6 heads, 384, vocab 65, no bias
+  full.pos_encoding = "learned";
+  EXPECT_EQ(GPT(full)->num_params(), 10646784);
+  full.pos_encoding = "rope";
+  EXPECT_EQ(GPT(full)->num_params(), 10646784);
+  full.pos_encoding = "learned";
+  EXPECT_EQ(GPT(full)->num_params(false), 10646784 + 256 * 384);
+}
+
+TEST(GPT, ParameterNamesReadLikeNanoGPT) {
+  auto cfg = tiny("learned");
+  cfg.bias = true;
+  auto names = GPT(cfg)->named_parameters();
+  for (const char* name : {"wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_1.bias", "h.1.attn.q_proj.weight",
+                           "h.1.attn.k_proj.weight", "h.1.attn.v_proj.weight", "h.1.attn.c_proj.bias",
+                           "h.0.mlp.c_fc.weight", "h.0.mlp.c_proj.weight", "ln_f.weight"})
+    EXPECT_TRUE(names.contains(name)) << name;
+}
+
+TEST(GPT, FlopsPerTokenFollowsNanoGPT) {
+  auto cfg = tiny();
+  GPT model(cfg);
+  const double N = model->num_params();
+  EXPECT_DOUBLE_EQ(model->flops_per_token(), 6 * N + 12.0 * 2 * 4 * 4 * 8);
+}
+
+TEST(GPT, KVCacheLogitsEqualFullForwardOverTwoBlocks) {
+  for (const std::string pos : {"rope", "learned", "sinusoidal"}) {
+    torch::manual_seed(9);
+    GPT model(tiny(pos));
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const int64_t block = 8, steps = 3 * block;
+    auto seq = torch::randint(11, {2, steps + 1});
+    auto cache = model->make_cache();
+    int64_t cache_start = -1;
+    for (int64_t total = 1; total <= steps; ++total) {
+      const int64_t start = nanogpt::model::window_start(total, block);
+      ASSERT_LE(total - start, block);
+      ASSERT_GE(total - start, std::min<int64_t>(total, block / 2));
+      torch::Tensor cached;
+      if (start != cache_start) {
+        cache.clear();
+        cache_start = start;
+        cached = model->forward_cached(seq.narrow(1, start, total - start), cache);
+      } else {
+        cached = model->forward_cached(seq.narrow(1, total - 1, 1), cache);
+      }
+      auto full = model->logits(seq.narrow(1, start, total - start)).select(1, total - start - 1);  // (B, V)
+      ASSERT_TRUE(torch::allclose(cached, full, 1e-5, 1e-5)) << pos << " total=" << total;
+    }
+  }
+}
+
+TEST(GPT, TinyModelOverfitsOneBatch) {
+  torch::manual_seed(10);
+  GPT model(tiny());
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.0));
+  auto idx = torch::randint(11, {4, 8}), targets = torch::randint(11, {4, 8});
+  double loss = 0;
+  for (int step = 0; step < 300; ++step) {
+    opt.zero_grad();
+    auto out = model->forward(idx, targets).second;
+    out.backward();
+    opt.step();
+    loss = out.item<double>();
+  }
+  EXPECT_LT(loss, 0.1);
+}
+
+TEST(ModelConfig, RejectsImpossibleCombinationsNamingValues) {
+  auto expect_error = [](ModelConfig c, const std::string& needle) {
+    try {
+      c.validate();
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto c = tiny();
+  c.n_head = 5;
+  expect_error(c, "n_embd (16) must be divisible by n_head (5)");
+  c = tiny();
+  c.n_kv_head = 3;
+  expect_error(c, "n_head (4) must be divisible by n_kv_head (3)");
+  c = tiny();
+  c.n_embd = 12;
+  c.n_head = 4;  // head size 3
+  expect_error(c, "RoPE needs an even head size");
+  c = tiny();
+  c.pos_encoding = "alibi";
+  expect_error(c, "alibi");
+  if (!backend::has_sdpa()) {
+    c = tiny();
+    c.attention = "sdpa";
+    expect_error(c, "LibTorch >= 2.0");
+  }
+}
