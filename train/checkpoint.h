@@ -28,6 +28,8 @@ struct CheckpointMeta {
   data::Vocab vocab;
   std::string sampler_state;         // data::BatchSampler::state()
   torch::Tensor torch_rng_state;     // CPU default generator state (dropout)
+  torch::Tensor cuda_rng_state;      // CUDA default generator state, when trained on CUDA
+  bool eval_done = false;            // the evaluation at `iter` already ran (resume skips it)
 };
 
 /// A model ready for inference, loaded from a checkpoint.
@@ -37,6 +39,19 @@ struct LoadedModel {
   CheckpointMeta meta;
   std::string path;
 };
+
+class FlatAdamW;
+
+/// Writes a training checkpoint atomically (temporary file, fsync, rename): a crash at any moment
+/// leaves either the previous file or the complete new one. Throws "[ckpt] cannot write ...".
+void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta);
+
+/// Reads and validates a checkpoint's metadata only (no weights are created).
+CheckpointMeta read_checkpoint_meta(const std::string& path);
+
+/// Loads weights into `model` and state into `optimizer` (either may be null) and returns the meta.
+/// Every tensor is checked against the model built from the config; a mismatch names the tensor.
+CheckpointMeta load_checkpoint(const std::string& path, model::GPT* model, FlatAdamW* optimizer);
 
 /// `path` may be a checkpoint file or an out_dir (then ckpt_best.pt, else ckpt_last.pt).
 /// Throws "[ckpt] no checkpoint in 'dir' (...)" when there is none.

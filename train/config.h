@@ -66,7 +66,9 @@ struct TrainConfig {
 };
 
 /// Parses YAML text. Unknown keys and wrong types throw "[config] <source>: unknown key 'x' ..." /
-/// "[config] <source>: key 'max_iters' expects an integer, got 'abc'". Keys not given keep defaults.
+/// "[config] <source>: key 'max_iters' expects an integer, got 'abc'". Keys not given keep defaults;
+/// an empty document (or only comments) means all defaults; a non-mapping or nested value throws.
+/// Integers reject 1.5 and 1e3; numbers accept 1e-3 and integers; bools are true/false or True/False.
 TrainConfig parse_config(const std::string& yaml_text, const std::string& source = "config");
 
 /// Reads and parses a YAML file. Throws "[config] cannot read 'path': ..." when missing.

@@ -1,0 +1,61 @@
+// AdamW over flattened parameters. Every parameter of a group becomes a view into one contiguous
+// buffer, and so does its gradient, so an optimizer step, a zero_grad and the global grad norm are
+// a handful of large kernels instead of a handful per parameter. Two groups, built in the model's
+// parameter order: weight decay on the >= 2-D weights (matmuls, embeddings), none on norms/biases.
+// Update rule and defaults are PyTorch's AdamW (decoupled weight decay, bias-corrected moments).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nanogpt::train {
+
+class FlatAdamW {
+ public:
+  struct Options {
+    double weight_decay = 0.1;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+  };
+
+  /// Takes over `named_params` (rebinding their storage into the flat buffers).
+  FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& named_params, Options options);
+
+  /// Clips the global L2 norm of all gradients to max_norm (no host sync); returns the norm before
+  /// clipping as a 0-d tensor.
+  torch::Tensor clip_grad_norm(double max_norm);
+  /// One AdamW update with learning rate lr.
+  void step(double lr);
+  /// Zeroes the gradients in place (they stay views into the flat buffer).
+  void zero_grad();
+
+  int64_t steps() const { return step_; }
+  /// Names of the parameters in the decay / no-decay groups, in order.
+  const std::vector<std::string>& decay_names() const { return groups_[0].names; }
+  const std::vector<std::string>& no_decay_names() const { return groups_[1].names; }
+  int64_t decay_numel() const { return groups_[0].flat.numel(); }
+  int64_t no_decay_numel() const { return groups_[1].flat.numel(); }
+
+  void save(torch::serialize::OutputArchive& archive) const;
+  /// Throws "[ckpt] optimizer state 'exp_avg.decay' has 123 values, expected 456" on mismatch.
+  void load(torch::serialize::InputArchive& archive);
+
+ private:
+  struct Group {
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> params;
+    double weight_decay = 0.0;
+    torch::Tensor flat, grad, exp_avg, exp_avg_sq;  // each (numel,)
+  };
+  void flatten(Group& group);
+
+  Options options_;
+  int64_t step_ = 0;
+  Group groups_[2];  // [0] decay, [1] no decay
+};
+
+}  // namespace nanogpt::train

@@ -1,0 +1,390 @@
+// TrainConfig <-> YAML and nanoGPT-style overrides. One table of key descriptors (name, member,
+// group) drives parsing, overrides, to_yaml and config_keys, so a key is written down once.
+//
+// Scalars are parsed by the key's type, never by YAML's guess: integers reject 1.5 and 1e3; numbers
+// accept 1e-3, 6e-4 and integers (finite only); bools accept true/false and nanoGPT's True/False
+// (not yes/no/on/off); strings take the scalar as written. An empty document means all defaults.
+#include "train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string_view>
+#include <variant>
+
+namespace nanogpt::train {
+namespace {
+
+using Member = std::variant<int64_t TrainConfig::*, double TrainConfig::*, bool TrainConfig::*,
+                            std::string TrainConfig::*>;
+
+struct Key {
+  const char* name;
+  Member member;
+  const char* group;  // to_yaml writes "# group" before this key; nullptr for none
+};
+
+// The macro keeps each key's name and member identical; order = declaration order in config.h.
+#define KEY(field, group) Key{#field, &TrainConfig::field, group}
+const std::array kKeys = {
+    KEY(out_dir, "I/O"), KEY(eval_interval, nullptr), KEY(log_interval, nullptr),
+    KEY(eval_iters, nullptr), KEY(eval_only, nullptr), KEY(always_save_checkpoint, nullptr),
+    KEY(init_from, nullptr),
+    KEY(dataset, "data"), KEY(val_fraction, nullptr), KEY(gradient_accumulation_steps, nullptr),
+    KEY(batch_size, nullptr), KEY(block_size, nullptr),
+    KEY(n_layer, "model"), KEY(n_head, nullptr), KEY(n_kv_head, nullptr), KEY(n_embd, nullptr),
+    KEY(dropout, nullptr), KEY(bias, nullptr), KEY(pos_encoding, nullptr), KEY(rope_base, nullptr),
+    KEY(norm, nullptr), KEY(attention, nullptr),
+    KEY(learning_rate, "AdamW"), KEY(max_iters, nullptr), KEY(weight_decay, nullptr),
+    KEY(beta1, nullptr), KEY(beta2, nullptr), KEY(grad_clip, nullptr),
+    KEY(decay_lr, "learning rate schedule"), KEY(warmup_iters, nullptr), KEY(lr_decay_iters, nullptr),
+    KEY(min_lr, nullptr),
+    KEY(device, "system"), KEY(dtype, nullptr), KEY(seed, nullptr), KEY(num_threads, nullptr),
+    KEY(compile, nullptr), KEY(plot, nullptr),
+};
+#undef KEY
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw std::invalid_argument("[config] " + where + ": " + what);
+}
+
+std::string line_suffix(const YAML::Mark& mark) {
+  return mark.is_null() ? "" : ", line " + std::to_string(mark.line + 1);
+}
+
+// Shortest text that parses back to the same double, written as nanoGPT would: "6e-4" rather than
+// "6e-04", "10000.0" rather than "10000".
+std::string format_double(double value) {
+  char buf[64];
+  const auto end = std::to_chars(buf, buf + sizeof buf, value).ptr;
+  std::string text(buf, end);
+  const size_t e = text.find('e');
+  if (e != std::string::npos) {
+    const size_t digits = e + 2;  // to_chars always writes the exponent's sign
+    while (text.size() > digits + 1 && text[digits] == '0') text.erase(digits, 1);
+  } else if (text.find_first_not_of("-0123456789") == std::string::npos) {
+    text += ".0";
+  }
+  return text;
+}
+
+std::string_view strip_plus(std::string_view s) {
+  return s.size() > 1 && s[0] == '+' && s[1] != '-' && s[1] != '+' ? s.substr(1) : s;
+}
+
+std::optional<int64_t> parse_int(std::string_view s) {
+  s = strip_plus(s);
+  int64_t value = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return value;
+}
+
+std::optional<double> parse_double(std::string_view s) {
+  s = strip_plus(s);
+  double value = 0.0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+std::optional<bool> parse_bool(std::string_view s) {
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  return std::nullopt;
+}
+
+const char* expects(const Member& member) {
+  static constexpr const char* kNames[] = {"an integer", "a number", "true or false", "a string"};
+  return kNames[member.index()];
+}
+
+// Sets one key from its scalar text; `where` names the source for the error.
+void set_value(TrainConfig& config, const Key& key, const std::string& text, const std::string& where,
+               const std::string& suffix = "") {
+  bool ok = true;
+  std::visit(
+      [&](auto member) {
+        auto& field = config.*member;
+        using T = std::decay_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          const auto v = parse_int(text);
+          if ((ok = v.has_value())) field = *v;
+        } else if constexpr (std::is_same_v<T, double>) {
+          const auto v = parse_double(text);
+          if ((ok = v.has_value())) field = *v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          const auto v = parse_bool(text);
+          if ((ok = v.has_value())) field = *v;
+        } else {
+          field = text;
+        }
+      },
+      key.member);
+  if (!ok)
+    fail(where, "key '" + std::string(key.name) + "' expects " + expects(key.member) + ", got '" + text + "'" +
+                    suffix);
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+const Key& find_key(const std::string& name, const std::string& where, const std::string& suffix = "") {
+  const Key* closest = nullptr;
+  size_t best = std::min<size_t>(2, name.size() / 4) + 1;  // suggest only near misses: max_iter, not nope
+  for (const Key& key : kKeys) {
+    if (name == key.name) return key;
+    const size_t d = edit_distance(name, key.name);
+    if (d < best) {
+      best = d;
+      closest = &key;
+    }
+  }
+  std::string hint;
+  if (closest) {
+    hint = " (did you mean '" + std::string(closest->name) + "'?)";
+  } else {
+    for (const Key& key : kKeys) hint += (hint.empty() ? " (known keys: " : ", ") + std::string(key.name);
+    hint += ")";
+  }
+  fail(where, "unknown key '" + name + "'" + hint + suffix);
+}
+
+const char* node_kind(const YAML::Node& node) {
+  if (node.IsMap()) return "a mapping (the config is flat: no nested keys)";
+  if (node.IsSequence()) return "a list";
+  if (node.IsNull()) return "no value";
+  return "a scalar";
+}
+
+// Plain YAML when it reads back as the same string, else double-quoted with escapes.
+std::string quote_if_needed(const std::string& s) {
+  const bool plain = !s.empty() && s != "null" && s != "Null" && s != "NULL" &&
+                     (std::isalnum(static_cast<unsigned char>(s[0])) || s[0] == '_' || s[0] == '.' || s[0] == '/') &&
+                     s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:-+") ==
+                         std::string::npos &&
+                     s.back() != ':';
+  if (plain) return s;
+  std::string out = "\"";
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    } else {
+      out += c;  // UTF-8 bytes pass through
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source) {
+  TrainConfig config;
+  try {
+    const std::vector<YAML::Node> documents = YAML::LoadAll(yaml_text);
+    if (documents.size() > 1)
+      fail(source, "holds " + std::to_string(documents.size()) + " YAML documents; a config is one mapping of key: value");
+    if (documents.empty() || documents[0].IsNull()) return config;  // empty document: all defaults
+    const YAML::Node& root = documents[0];
+    if (!root.IsMap())
+      fail(source, std::string("expected a mapping of key: value at the top level, got ") + node_kind(root) +
+                       line_suffix(root.Mark()));
+    std::set<std::string> seen;
+    for (const auto& entry : root) {
+      const std::string line = line_suffix(entry.first.Mark());
+      if (!entry.first.IsScalar()) fail(source, std::string("a key must be a plain name, got ") + node_kind(entry.first) + line);
+      const std::string name = entry.first.Scalar();
+      const Key& key = find_key(name, source, line);
+      if (!seen.insert(name).second) fail(source, "key '" + name + "' is given twice" + line);
+      if (!entry.second.IsScalar())
+        fail(source, "key '" + name + "' expects " + expects(key.member) + ", got " + node_kind(entry.second) + line);
+      set_value(config, key, entry.second.Scalar(), source, line);
+    }
+  } catch (const YAML::Exception& e) {
+    fail(source, e.msg + line_suffix(e.mark));
+  }
+  return config;
+}
+
+TrainConfig load_config(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::runtime_error("[config] cannot read '" + path + "': it is a folder (pass a YAML file, e.g. configs/shakespeare_char.yaml)");
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw std::runtime_error("[config] cannot read '" + path + "': " + std::strerror(errno) +
+                             " (pass a YAML file, e.g. configs/shakespeare_char.yaml)");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw std::runtime_error("[config] cannot read '" + path + "': read error");
+  return parse_config(text.str(), path);
+}
+
+void apply_overrides(TrainConfig& config, const std::vector<std::string>& overrides) {
+  TrainConfig updated = config;  // all or nothing
+  for (const std::string& arg : overrides) {
+    const std::string where = "--override '" + arg + "'";
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos || eq == 2)
+      fail(where, "expected --key=value, as in nanoGPT (e.g. --max_iters=100 --device=cpu)");
+    set_value(updated, find_key(arg.substr(2, eq - 2), where), arg.substr(eq + 1), where);
+  }
+  config = updated;
+}
+
+std::string to_yaml(const TrainConfig& config) {
+  std::string out;
+  for (const Key& key : kKeys) {
+    if (key.group) out += std::string(out.empty() ? "" : "\n") + "# " + key.group + "\n";
+    out += std::string(key.name) + ": ";
+    std::visit(
+        [&](auto member) {
+          const auto& field = config.*member;
+          using T = std::decay_t<decltype(field)>;
+          if constexpr (std::is_same_v<T, int64_t>) out += std::to_string(field);
+          else if constexpr (std::is_same_v<T, double>) out += format_double(field);
+          else if constexpr (std::is_same_v<T, bool>) out += field ? "true" : "false";
+          else out += quote_if_needed(field);
+        },
+        key.member);
+    out += "\n";
+  }
+  return out;
+}
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> names;
+  for (const Key& key : kKeys) names.emplace_back(key.name);
+  return names;
+}
+
+void TrainConfig::validate() const {
+  // Each rule is written as what must hold, so NaN (never parsed, but settable in code) fails too.
+  auto check = [](bool ok, const std::string& key, const std::string& value, const std::string& rule) {
+    if (!ok) throw std::invalid_argument("[config] " + key + " (" + value + ") " + rule);
+  };
+  const auto i = [](int64_t v) { return std::to_string(v); };
+  const auto d = format_double;
+  const auto in = [](const std::string& v, std::initializer_list<const char*> allowed) {
+    for (const char* a : allowed) if (v == a) return true;
+    return false;
+  };
+  // I/O and data
+  check(!out_dir.empty(), "out_dir", "''", "must name the folder for checkpoints and logs, e.g. out");
+  check(eval_interval >= 1, "eval_interval", i(eval_interval), "must be >= 1: evaluate every N iterations");
+  check(log_interval >= 1, "log_interval", i(log_interval), "must be >= 1: log every N iterations");
+  check(eval_iters >= 1, "eval_iters", i(eval_iters), "must be >= 1: batches averaged per split at each evaluation");
+  check(in(init_from, {"scratch", "resume"}), "init_from", init_from,
+        init_from.rfind("gpt2", 0) == 0 ? "must be scratch or resume: GPT-2 weights use BPE tokens, not characters"
+                                        : "must be scratch or resume");
+  check(!dataset.empty(), "dataset", "''", "must name a folder with input.txt, e.g. data/shakespeare_char");
+  check(val_fraction > 0 && val_fraction < 1, "val_fraction", d(val_fraction),
+        "must be in (0, 1): the fraction of characters held out for validation, e.g. 0.1");
+  const std::pair<const char*, int64_t> sizes[] = {{"gradient_accumulation_steps", gradient_accumulation_steps},
+      {"batch_size", batch_size}, {"block_size", block_size}, {"n_layer", n_layer}, {"n_head", n_head}, {"n_embd", n_embd}};
+  for (const auto& [key, value] : sizes) check(value >= 1, key, i(value), "must be >= 1");
+  // model
+  check(n_kv_head >= 0, "n_kv_head", i(n_kv_head), "must be >= 0 (0 means n_head: plain multi-head attention)");
+  check(n_embd % n_head == 0, "n_embd", i(n_embd), "must be divisible by n_head (" + i(n_head) + ")");
+  const int64_t kv_heads = n_kv_head > 0 ? n_kv_head : n_head;
+  check(n_head % kv_heads == 0, "n_head", i(n_head),
+        "must be divisible by n_kv_head (" + i(kv_heads) + "): each key/value head serves a whole group of query heads");
+  check(in(pos_encoding, {"rope", "sinusoidal", "learned"}), "pos_encoding", pos_encoding, "must be rope, sinusoidal or learned");
+  check(pos_encoding != "rope" || (n_embd / n_head) % 2 == 0, "n_embd / n_head", i(n_embd / n_head),
+        "must be even with pos_encoding rope: RoPE rotates channel pairs (change n_head, or use pos_encoding learned)");
+  check(pos_encoding != "rope" || rope_base > 1, "rope_base", d(rope_base), "must be > 1 with pos_encoding rope (10000 is usual)");
+  check(pos_encoding != "sinusoidal" || n_embd % 2 == 0, "n_embd", i(n_embd),
+        "must be even with pos_encoding sinusoidal: sin and cos fill channel pairs");
+  check(in(norm, {"layernorm", "rmsnorm"}), "norm", norm, "must be layernorm or rmsnorm");
+  check(in(attention, {"math", "sdpa", "auto"}), "attention", attention, "must be math, sdpa or auto");
+  check(dropout >= 0 && dropout < 1, "dropout", d(dropout), "must be in [0, 1): e.g. 0.0 for tiny runs, 0.2 for shakespeare_char");
+  // AdamW and schedule
+  check(learning_rate > 0, "learning_rate", d(learning_rate), "must be > 0, e.g. 1e-3");
+  check(max_iters >= 0, "max_iters", i(max_iters), "must be >= 0");
+  check(weight_decay >= 0, "weight_decay", d(weight_decay), "must be >= 0 (0 turns it off)");
+  check(beta1 >= 0 && beta1 < 1, "beta1", d(beta1), "must be in [0, 1), e.g. 0.9");
+  check(beta2 >= 0 && beta2 < 1, "beta2", d(beta2), "must be in [0, 1), e.g. 0.99 or 0.95");
+  check(grad_clip >= 0, "grad_clip", d(grad_clip), "must be >= 0 (0 turns clipping off)");
+  check(warmup_iters >= 0, "warmup_iters", i(warmup_iters), "must be >= 0");
+  if (decay_lr) {  // min_lr and lr_decay_iters only matter with decay
+    check(min_lr >= 0, "min_lr", d(min_lr), "must be >= 0");
+    check(min_lr <= learning_rate, "min_lr", d(min_lr),
+          "must be <= learning_rate (" + d(learning_rate) + "): the cosine decays from learning_rate to min_lr (~ learning_rate / 10)");
+    check(lr_decay_iters >= warmup_iters, "lr_decay_iters", i(lr_decay_iters),
+          "must be >= warmup_iters (" + i(warmup_iters) + ") when decay_lr is true (usually ~ max_iters)");
+  }
+  // system
+  const bool cuda_n = device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+                      device.find_first_not_of("0123456789", 5) == std::string::npos;
+  check(in(device, {"auto", "cpu", "cuda"}) || cuda_n, "device", device, "must be auto, cpu, cuda or cuda:N");
+  check(in(dtype, {"float32", "bfloat16"}), "dtype", dtype,
+        dtype == "float16" ? "must be float32 or bfloat16: float16 needs a GradScaler, which nanogpt-cpp does not have; "
+                             "use bfloat16 (float32's range, no loss scaling)"
+                           : "must be float32 or bfloat16");
+  check(seed >= 0, "seed", i(seed), "must be >= 0");
+  check(num_threads >= 0, "num_threads", i(num_threads), "must be >= 0 (0 = all cores)");
+}
+
+model::ModelConfig TrainConfig::model_config(int64_t vocab_size) const {
+  model::ModelConfig m;
+  m.vocab_size = vocab_size;
+  m.block_size = block_size;
+  m.n_layer = n_layer;
+  m.n_head = n_head;
+  m.n_kv_head = n_kv_head;
+  m.n_embd = n_embd;
+  m.dropout = dropout;
+  m.bias = bias;
+  m.pos_encoding = pos_encoding;
+  m.rope_base = rope_base;
+  m.norm = norm;
+  m.attention = attention;
+  return m;
+}
+
+void TrainConfig::set_architecture(const model::ModelConfig& m) {
+  // dropout is a training knob: a resumed run keeps this config's value.
+  block_size = m.block_size;
+  n_layer = m.n_layer;
+  n_head = m.n_head;
+  n_kv_head = m.n_kv_head;
+  n_embd = m.n_embd;
+  bias = m.bias;
+  pos_encoding = m.pos_encoding;
+  rope_base = m.rope_base;
+  norm = m.norm;
+  attention = m.attention;
+}
+
+}  // namespace nanogpt::train

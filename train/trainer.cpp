@@ -1,0 +1,287 @@
+// The training loop (see trainer.h).
+#include "train/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "data/atomic_file.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
+#include "model/backend.h"
+#include "train/logger.h"
+#include "train/metrics_log.h"
+#include "train/peak_flops.h"
+#include "train/signals.h"
+#include "viz/loss_plot.h"
+
+namespace nanogpt::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+at::Generator default_generator(torch::Device device) {
+  return device.is_cuda() ? at::globalContext().defaultGenerator(device) : at::detail::getDefaultCPUGenerator();
+}
+
+torch::Tensor get_rng_state(torch::Device device) {
+  auto gen = default_generator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_rng_state(torch::Device device, const torch::Tensor& state) {
+  auto gen = default_generator(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+std::string human(double x) {
+  char buf[32];
+  if (x >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
+  else if (x >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", x);
+  return buf;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters(model::GPT& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& item : model->named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
+  config_.validate();
+  const int64_t threads = config_.num_threads > 0 ? config_.num_threads
+                                                  : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  torch::set_num_threads(static_cast<int>(threads));
+  device_ = model::backend::resolve_device(config_.device);
+  autocast_ = config_.dtype == "bfloat16";
+
+  // out_dir: create it and prove it writable before any work is done.
+  std::error_code ec;
+  std::filesystem::create_directories(config_.out_dir, ec);
+  if (ec) throw std::runtime_error("[train] cannot create out_dir '" + config_.out_dir + "': " + ec.message());
+  const std::string last_path = config_.out_dir + "/" + kLastCheckpoint;
+
+  CheckpointMeta resume_meta;
+  const bool resume = config_.init_from == "resume";
+  if (resume) {
+    if (!std::filesystem::exists(last_path))
+      throw std::runtime_error("[train] --init_from=resume but there is no checkpoint at '" + last_path +
+                               "' (train from scratch first, or check out_dir)");
+    resume_meta = read_checkpoint_meta(last_path);
+    config_.set_architecture(resume_meta.model_config);  // the checkpoint decides the architecture
+    config_.validate();
+  }
+  log_ = make_logger(config_.out_dir + "/train.log", quiet);
+  data::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
+
+  // Data: prepared on demand from dataset/input.txt.
+  data::PrepareOptions prep;
+  prep.input = config_.dataset + "/input.txt";
+  prep.out_dir = config_.dataset;
+  prep.val_fraction = config_.val_fraction;
+  prep.min_split_tokens = config_.block_size + 1;
+  if (!std::filesystem::exists(prep.input))
+    throw std::runtime_error("[train] dataset '" + config_.dataset + "' has no input.txt (set dataset: to a folder holding input.txt)");
+  bool prepared = false;
+  auto meta = data::ensure_prepared(prep, &prepared);
+  if (prepared) log_->info("[data] prepared {}: {}", config_.dataset, data::summary_line(meta));
+  vocab_ = meta.vocab;
+  if (resume && !(resume_meta.vocab == vocab_))
+    throw std::runtime_error("[train] the checkpoint's vocabulary (" + std::to_string(resume_meta.vocab.size()) +
+                             " chars) differs from dataset '" + config_.dataset + "' (" + std::to_string(vocab_.size()) +
+                             " chars): resume with the dataset it was trained on");
+  train_tokens_ = data::read_token_file(config_.dataset + "/train.bin");
+  val_tokens_ = data::read_token_file(config_.dataset + "/val.bin");
+  sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.block_size, config_.seed);
+  // The val split only needs one window; check it now rather than at the first evaluation.
+  data::BatchSampler(val_tokens_, 1, config_.block_size, 0);
+
+  torch::manual_seed(static_cast<uint64_t>(config_.seed));
+  model_ = model::GPT(config_.model_config(vocab_.size()));
+  model_->to(device_);
+  FlatAdamW::Options opt;
+  opt.weight_decay = config_.weight_decay;
+  opt.beta1 = config_.beta1;
+  opt.beta2 = config_.beta2;
+  optimizer_ = std::make_unique<FlatAdamW>(named_parameters(model_), opt);
+  schedule_ = LrSchedule{config_.learning_rate, config_.min_lr, config_.warmup_iters, config_.lr_decay_iters, config_.decay_lr};
+
+  if (resume) {
+    auto state = load_checkpoint(last_path, &model_, optimizer_.get());
+    sampler_->restore_state(state.sampler_state);
+    set_rng_state(torch::kCPU, state.torch_rng_state);
+    if (device_.is_cuda() && state.cuda_rng_state.defined()) set_rng_state(device_, state.cuda_rng_state);
+    iter_ = state.iter;
+    best_val_loss_ = state.best_val_loss;
+    resumed_eval_done_ = state.eval_done;
+    log_->info("[ckpt] resumed from {} at iter {} (best val {:.4f})", last_path, iter_, best_val_loss_);
+  }
+}
+
+void Trainer::log_start() {
+  const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.block_size;
+  log_->info("number of parameters: {:.2f}M", model_->num_params() / 1e6);
+  log_->info("[train] tokens per iteration will be: {}", tokens_per_iter);
+  log_->info("[train] device {} | dtype {} | threads {} | {} layers, {} heads, {} embd, block {}, vocab {} | {} positions, {}",
+             device_.str(), config_.dtype, torch::get_num_threads(), config_.n_layer, config_.n_head, config_.n_embd,
+             config_.block_size, vocab_.size(), config_.pos_encoding, config_.norm);
+}
+
+double Trainer::estimate_loss(const std::string& split) {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  // A fresh generator per evaluation: the same batches whenever this iteration is evaluated, and
+  // the training generator is never touched (resume stays exact).
+  const uint64_t salt = split == "val" ? 0x9e3779b97f4a7c15ULL : 0xc2b2ae3d27d4eb4fULL;
+  data::BatchSampler eval_sampler(split == "val" ? val_tokens_ : train_tokens_, config_.batch_size, config_.block_size,
+                                  static_cast<uint64_t>(config_.seed) ^ salt ^ static_cast<uint64_t>(iter_));
+  torch::Tensor sum = torch::zeros({}, torch::TensorOptions().device(device_));
+  for (int64_t k = 0; k < config_.eval_iters; ++k) {
+    auto [x, y] = eval_sampler.next(device_);
+    model::backend::AutocastGuard autocast(device_, torch::kBFloat16, autocast_);
+    sum += model_->forward(x, y).second;
+  }
+  model_->train();
+  return sum.item<double>() / static_cast<double>(config_.eval_iters);
+}
+
+void Trainer::save(const std::string& path, bool eval_done) {
+  CheckpointMeta meta;
+  meta.iter = iter_;
+  meta.best_val_loss = best_val_loss_;
+  meta.config_yaml = to_yaml(config_);
+  meta.model_config = model_->config();
+  meta.vocab = vocab_;
+  meta.sampler_state = sampler_->state();
+  meta.torch_rng_state = get_rng_state(torch::kCPU);
+  if (device_.is_cuda()) meta.cuda_rng_state = get_rng_state(device_);
+  meta.eval_done = eval_done;
+  save_checkpoint(path, model_, *optimizer_, meta);
+  log_->info("[ckpt] saved {} (iter {})", path, iter_);
+}
+
+TrainResult Trainer::run() {
+  StopSignals signals;
+  const std::string metrics_path = config_.out_dir + "/metrics.csv";
+  const bool resumed = config_.init_from == "resume";
+  MetricsLog metrics(metrics_path, resumed ? iter_ : -1, resumed_eval_done_);
+  log_start();
+  peak_flops_ = measure_peak_flops(device_, autocast_ ? torch::kBFloat16 : torch::kFloat);
+  log_->info("[train] MFU is against a measured {} GEMM peak of {:.0f} GFLOP/s", config_.dtype, peak_flops_ / 1e9);
+
+  const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.block_size;
+  const double flops_per_iter = model_->flops_per_token() * static_cast<double>(tokens_per_iter);
+  const auto run_start = Clock::now();
+  std::vector<double> step_ms;
+  bool skip_eval = resumed_eval_done_;
+  double last_val = std::nan("");
+  TrainResult result;
+  model_->train();
+
+  for (;;) {
+    const bool at_end = iter_ >= config_.max_iters;
+    if ((iter_ % config_.eval_interval == 0 || at_end || config_.eval_only) && !skip_eval) {
+      const double train_loss = estimate_loss("train"), val_loss = estimate_loss("val");
+      last_val = val_loss;
+      const double lr = schedule_.at(iter_);
+      log_->info("[eval] iter {} | train {:.4f} | val {:.4f}", iter_, train_loss, val_loss);
+      metrics.row(iter_, "train_eval", train_loss, lr, 0, 0);
+      metrics.row(iter_, "val", val_loss, lr, 0, 0);
+      if (!std::isfinite(val_loss) || !std::isfinite(train_loss))
+        throw std::runtime_error("[train] evaluation loss is not finite at iter " + std::to_string(iter_) +
+                                 ": stopping; the last good checkpoint is untouched (try a lower learning_rate)");
+      if (config_.plot) {
+        try {
+          viz::plot_loss_curves(metrics_path, config_.out_dir + "/loss.png");
+        } catch (const std::exception& e) {
+          log_->warn("[plot] {}", e.what());
+        }
+      }
+      if (config_.eval_only) break;
+      const bool improved = val_loss < best_val_loss_;
+      best_val_loss_ = std::min(best_val_loss_, val_loss);
+      if (iter_ > 0) {
+        save(config_.out_dir + "/" + kLastCheckpoint, true);
+        if (improved || config_.always_save_checkpoint) save(config_.out_dir + "/" + kBestCheckpoint, true);
+      }
+    }
+    skip_eval = false;
+    if (at_end) break;
+
+    // One optimizer step: gradient accumulation over micro-batches, clip, AdamW.
+    const auto t0 = Clock::now();
+    const double lr = schedule_.at(iter_);
+    torch::Tensor loss_sum;
+    for (int64_t micro = 0; micro < config_.gradient_accumulation_steps; ++micro) {
+      auto [x, y] = sampler_->next(device_);
+      torch::Tensor loss;
+      {
+        model::backend::AutocastGuard autocast(device_, torch::kBFloat16, autocast_);
+        loss = model_->forward(x, y).second;
+      }
+      (loss / static_cast<double>(config_.gradient_accumulation_steps)).backward();
+      loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+    }
+    if (config_.grad_clip > 0.0) optimizer_->clip_grad_norm(config_.grad_clip);
+    optimizer_->step(lr);
+    optimizer_->zero_grad();
+
+    const bool log_now = iter_ % config_.log_interval == 0;
+    double loss_value = 0;
+    if (log_now || !device_.is_cuda()) {  // on CPU reading the loss costs nothing: check every step
+      loss_value = loss_sum.item<double>() / static_cast<double>(config_.gradient_accumulation_steps);
+      if (!std::isfinite(loss_value))
+        throw std::runtime_error("[train] loss is not finite at iter " + std::to_string(iter_) + " (lr " +
+                                 std::to_string(lr) + "): stopping; the last good checkpoint '" + config_.out_dir + "/" +
+                                 kLastCheckpoint + "' is untouched (try a lower learning_rate or dtype: float32)");
+    }
+    const double ms = ms_since(t0);
+    step_ms.push_back(ms);
+    if (log_now) {
+      const double tps = tokens_per_iter / (ms / 1000.0);
+      const double mfu = flops_per_iter / (ms / 1000.0) / peak_flops_;
+      log_->info("[train] iter {} | loss {:.4f} | lr {:.2e} | {:.1f} ms | {} tok/s | mfu {:.1f}%", iter_, loss_value, lr,
+                 ms, human(tps), 100.0 * mfu);
+      metrics.row(iter_, "train", loss_value, lr, ms, tps);
+    }
+    ++iter_;
+
+    if (const int sig = StopSignals::received()) {
+      log_->info("[train] signal {} received: saving and stopping at iter {}", sig, iter_);
+      save(config_.out_dir + "/" + kLastCheckpoint, false);
+      result.exit_code = 128 + sig;
+      break;
+    }
+  }
+
+  result.iter = iter_;
+  result.best_val_loss = best_val_loss_;
+  result.last_val_loss = last_val;
+  const size_t skip = std::min<size_t>(step_ms.size() / 2, 10);  // warm-up steps
+  std::vector<double> steady(step_ms.begin() + skip, step_ms.end());
+  if (!steady.empty()) {
+    std::nth_element(steady.begin(), steady.begin() + steady.size() / 2, steady.end());
+    result.median_ms = steady[steady.size() / 2];
+  }
+  log_->info("[train] done at iter {} | best val {:.4f} | median {:.2f} ms/iter | wall {:.1f} s", iter_, best_val_loss_,
+             result.median_ms, ms_since(run_start) / 1000.0);
+  return result;
+}
+
+}  // namespace nanogpt::train

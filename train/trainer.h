@@ -1,0 +1,66 @@
+// The training loop: nanoGPT's train.py as a library. Build a Trainer from a validated config,
+// call run(); it prepares the data when needed, trains with AdamW under the LR schedule,
+// evaluates, logs, checkpoints, and resumes exactly.
+#pragma once
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "data/batch_sampler.h"
+#include "data/vocab.h"
+#include "model/gpt.h"
+#include "train/adamw.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/lr_schedule.h"
+
+namespace nanogpt::train {
+
+struct TrainResult {
+  int exit_code = 0;        // 0 done, 130 stopped by SIGINT, 143 by SIGTERM
+  int64_t iter = 0;         // optimizer steps completed
+  double best_val_loss = 0; // best val loss seen
+  double last_val_loss = 0; // val loss at the final evaluation
+  double median_ms = 0;     // median step time (ms), excluding the first log_interval steps
+};
+
+class Trainer {
+ public:
+  /// Sets up everything; `quiet` keeps the console silent (tests). Throws on bad config, missing
+  /// data, unwritable out_dir, resume without a checkpoint, a CUDA device that is not there, etc.
+  explicit Trainer(TrainConfig config, bool quiet = false);
+
+  /// Trains until max_iters (or a stop signal); returns what happened.
+  TrainResult run();
+
+  /// Mean loss over eval_iters batches of a split ("train" or "val"), in eval mode, no grad.
+  double estimate_loss(const std::string& split);
+
+  const TrainConfig& config() const { return config_; }
+  model::GPT& model() { return model_; }
+
+ private:
+  void save(const std::string& path, bool eval_done);
+  void log_start();
+
+  TrainConfig config_;
+  torch::Device device_{torch::kCPU};
+  bool autocast_ = false;
+  std::shared_ptr<spdlog::logger> log_;
+  data::Vocab vocab_;
+  torch::Tensor train_tokens_, val_tokens_;
+  std::unique_ptr<data::BatchSampler> sampler_;
+  model::GPT model_{nullptr};
+  std::unique_ptr<FlatAdamW> optimizer_;
+  LrSchedule schedule_;
+  int64_t iter_ = 0;
+  double best_val_loss_ = 1e9;
+  bool resumed_eval_done_ = false;
+  double peak_flops_ = 0;
+};
+
+}  // namespace nanogpt::train
