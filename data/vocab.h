@@ -20,6 +20,8 @@ class Vocab {
   Vocab() = default;
   /// Sorted distinct code points of `utf8_text` (which must be valid UTF-8).
   static Vocab from_text(std::string_view utf8_text);
+  /// Sorted distinct code points of already-decoded text.
+  static Vocab from_chars(std::u32string_view chars);
   /// Inverse of serialize(). Throws "[data] corrupt vocabulary: ..." on bad input.
   static Vocab deserialize(std::string_view blob);
 
@@ -31,9 +33,13 @@ class Vocab {
   bool contains(char32_t cp) const { return index_.count(cp) != 0; }
   char32_t char_at(int64_t id) const;  // throws on out-of-range id
 
-  /// UTF-8 text -> token ids. `skipped` (optional) receives the dropped characters in Skip mode.
+  /// UTF-8 text -> token ids. `skipped` (optional) receives the dropped characters in Skip mode
+  /// (every occurrence, in order). Error positions are character indices, not byte offsets.
   std::vector<int64_t> encode(std::string_view utf8_text, UnknownChars policy = UnknownChars::Error,
                               std::u32string* skipped = nullptr) const;
+  /// Same as encode(), on already-decoded text.
+  std::vector<int64_t> encode_chars(std::u32string_view chars, UnknownChars policy = UnknownChars::Error,
+                                    std::u32string* skipped = nullptr) const;
   /// Token ids -> UTF-8 text (always valid UTF-8). Throws on out-of-range ids.
   std::string decode(const std::vector<int64_t>& ids) const;
   /// One token -> its UTF-8 bytes.

@@ -4,7 +4,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <stdexcept>
+#include <thread>
 
 #if TORCH_VERSION_MAJOR >= 2
 #define NANOGPT_HAS_SDPA 1
@@ -101,6 +103,12 @@ torch::Device resolve_device(const std::string& name) {
     return device;
   }
   throw std::runtime_error("[device] unknown device '" + name + "' (use auto, cpu, cuda or cuda:N)");
+}
+
+int64_t set_threads(int64_t n) {
+  if (n <= 0) n = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  torch::set_num_threads(static_cast<int>(n));
+  return n;
 }
 
 void synchronize(torch::Device device) {

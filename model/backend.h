@@ -42,6 +42,10 @@ class AutocastGuard {
 /// for and not available (names the LibTorch build and a hint).
 torch::Device resolve_device(const std::string& name);
 
+/// Sets LibTorch's intra-op threads: n > 0 as given, 0 = every core (Debian's LibTorch defaults to 1).
+/// Returns the number set.
+int64_t set_threads(int64_t n);
+
 /// Waits for queued kernels on `device` (for honest timings on CUDA); no-op on CPU.
 void synchronize(torch::Device device);
 

@@ -65,9 +65,7 @@ std::vector<std::pair<std::string, torch::Tensor>> named_parameters(model::GPT& 
 
 Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   config_.validate();
-  const int64_t threads = config_.num_threads > 0 ? config_.num_threads
-                                                  : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  torch::set_num_threads(static_cast<int>(threads));
+  model::backend::set_threads(config_.num_threads);
   device_ = model::backend::resolve_device(config_.device);
   autocast_ = config_.dtype == "bfloat16";
 

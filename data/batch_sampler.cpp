@@ -1,0 +1,101 @@
+// Random training windows. Starts are drawn from a std::mt19937_64 with our own unbiased
+// reduction (not std::uniform_int_distribution, whose algorithm differs between standard
+// libraries), so a seed gives the same batches with libstdc++ and libc++.
+#include "data/batch_sampler.h"
+
+#include <sstream>
+#include <stdexcept>
+
+namespace nanogpt::data {
+namespace {
+
+// Uniform integer in [0, n) by rejection: drop the top 2^64 mod n values so every residue is equally likely.
+uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
+  const uint64_t reject_from = -(-n % n);  // largest multiple of n representable, as 2^64 - (2^64 mod n)
+  for (;;) {
+    const uint64_t r = rng();
+    if (reject_from == 0 || r < reject_from) return r % n;
+  }
+}
+
+}  // namespace
+
+BatchSampler::BatchSampler(torch::Tensor tokens, int64_t batch_size, int64_t block_size, uint64_t seed)
+    : batch_size_(batch_size), block_size_(block_size), rng_(seed) {
+  if (!tokens.defined() || tokens.dim() != 1) {
+    throw std::runtime_error("[data] BatchSampler needs a 1-D token tensor (see read_token_file)");
+  }
+  if (batch_size < 1 || block_size < 1) {
+    throw std::runtime_error("[data] batch_size (" + std::to_string(batch_size) + ") and block_size (" +
+                             std::to_string(block_size) + ") must be at least 1");
+  }
+  tokens_ = tokens.to(torch::kCPU, torch::kInt32).contiguous();
+  if (tokens_.size(0) < block_size + 1) {
+    throw std::runtime_error("[data] split has " + std::to_string(tokens_.size(0)) +
+                             " tokens, fewer than block_size + 1 = " + std::to_string(block_size + 1) +
+                             " (use a smaller block_size or a longer corpus)");
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> BatchSampler::next(torch::Device device) {
+  // Valid starts are 0 .. N - T - 1: the window [start, start + T] must end at or before N - 1.
+  const auto num_starts = static_cast<uint64_t>(num_tokens() - block_size_);
+  std::vector<int64_t> starts(static_cast<size_t>(batch_size_));
+  for (auto& start : starts) start = static_cast<int64_t>(uniform_below(rng_, num_starts));
+  return gather(starts, device);
+}
+
+std::pair<torch::Tensor, torch::Tensor> BatchSampler::sequential(int64_t index, torch::Device device) const {
+  if (index < 0) throw std::runtime_error("[data] sequential batch index " + std::to_string(index) + " is negative");
+  const auto num_starts = static_cast<unsigned __int128>(num_tokens() - block_size_);
+  std::vector<int64_t> starts(static_cast<size_t>(batch_size_));
+  for (int64_t b = 0; b < batch_size_; ++b) {
+    // 128-bit so (index * B + b) * T cannot overflow before wrapping.
+    const auto window = static_cast<unsigned __int128>(index) * batch_size_ + b;
+    starts[static_cast<size_t>(b)] = static_cast<int64_t>((window * block_size_) % num_starts);
+  }
+  return gather(starts, device);
+}
+
+std::pair<torch::Tensor, torch::Tensor> BatchSampler::gather(const std::vector<int64_t>& starts,
+                                                              torch::Device device) const {
+  const int64_t B = static_cast<int64_t>(starts.size()), T = block_size_;
+  auto x = torch::empty({B, T}, torch::kInt64);  // (B, T)
+  auto y = torch::empty({B, T}, torch::kInt64);  // (B, T)
+  const int32_t* src = tokens_.data_ptr<int32_t>();
+  int64_t* xp = x.data_ptr<int64_t>();
+  int64_t* yp = y.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* window = src + starts[static_cast<size_t>(b)];
+    for (int64_t t = 0; t < T; ++t) {
+      xp[b * T + t] = window[t];
+      yp[b * T + t] = window[t + 1];
+    }
+  }
+  if (device.is_cpu()) return {x, y};
+  return {x.to(device), y.to(device)};
+}
+
+std::string BatchSampler::state() const {
+  std::ostringstream out;
+  out << rng_;
+  return out.str();
+}
+
+void BatchSampler::restore_state(const std::string& state) {
+  std::istringstream in(state);
+  std::mt19937_64 restored;
+  in >> restored;
+  if (in.fail()) {
+    throw std::runtime_error("[data] malformed sampler state (expected the text written by BatchSampler::state(); "
+                             "the checkpoint may be corrupt)");
+  }
+  in >> std::ws;
+  if (!in.eof()) {
+    throw std::runtime_error("[data] malformed sampler state: unexpected text after the generator state "
+                             "(the checkpoint may be corrupt)");
+  }
+  rng_ = restored;
+}
+
+}  // namespace nanogpt::data

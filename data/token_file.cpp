@@ -1,0 +1,97 @@
+// Token files: "NGPTTOK\0", version, width, count, then the tokens, all little-endian.
+// Bytes are assembled explicitly so the format does not depend on the host's byte order.
+#include "data/token_file.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "data/atomic_file.h"
+
+namespace nanogpt::data {
+namespace {
+
+constexpr char kMagic[8] = {'N', 'G', 'P', 'T', 'T', 'O', 'K', '\0'};
+constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
+constexpr char kHint[] = "re-run `nanogpt prepare` to rebuild it";
+
+void put_le(std::string& out, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+}
+
+uint64_t get_le(const unsigned char* p, int bytes) {
+  uint64_t value = 0;
+  for (int i = bytes - 1; i >= 0; --i) value = (value << 8) | p[i];
+  return value;
+}
+
+[[noreturn]] void bad_file(const std::string& path, const std::string& what) {
+  throw std::runtime_error("[data] '" + path + "': " + what + " (" + kHint + ")");
+}
+
+}  // namespace
+
+void write_token_file(const std::string& path, const std::vector<int64_t>& tokens, int64_t vocab_size) {
+  if (vocab_size <= 0 || vocab_size > (int64_t{1} << 32)) {
+    throw std::runtime_error("[data] cannot write '" + path + "': vocab_size " + std::to_string(vocab_size) +
+                             " is out of range (1..4294967296)");
+  }
+  const int width = vocab_size <= 65536 ? 2 : 4;
+  std::string bytes;
+  bytes.reserve(kHeaderBytes + tokens.size() * static_cast<size_t>(width));
+  bytes.append(kMagic, sizeof(kMagic));
+  put_le(bytes, kTokenFileVersion, 4);
+  put_le(bytes, static_cast<uint64_t>(width), 4);
+  put_le(bytes, tokens.size(), 8);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_size) {
+      throw std::runtime_error("[data] cannot write '" + path + "': token " + std::to_string(tokens[i]) + " at index " +
+                               std::to_string(i) + " is outside the vocabulary (size " + std::to_string(vocab_size) +
+                               ")");
+    }
+    put_le(bytes, static_cast<uint64_t>(tokens[i]), width);
+  }
+  write_bytes_atomically(path, bytes);
+}
+
+torch::Tensor read_token_file(const std::string& path) {
+  const std::string bytes = read_file(path);
+  if (bytes.empty()) bad_file(path, "the file is empty, not a token file");
+  if (bytes.size() < kHeaderBytes) {
+    bad_file(path, "the file has " + std::to_string(bytes.size()) + " bytes, shorter than the " +
+                       std::to_string(kHeaderBytes) + "-byte token file header");
+  }
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) bad_file(path, "not a token file (wrong magic number)");
+  const uint64_t version = get_le(p + 8, 4);
+  if (version != kTokenFileVersion) {
+    bad_file(path, "unsupported token file version " + std::to_string(version) + " (this build reads version " +
+                       std::to_string(kTokenFileVersion) + ")");
+  }
+  const uint64_t width = get_le(p + 12, 4);
+  if (width != 2 && width != 4) bad_file(path, "invalid token width " + std::to_string(width) + " (expected 2 or 4)");
+  const uint64_t count = get_le(p + 16, 8);
+  const uint64_t payload = bytes.size() - kHeaderBytes;
+  // Compare without multiplying, so a corrupt huge count cannot overflow.
+  if (payload % width != 0 || payload / width != count) {
+    bad_file(path, "the header says " + std::to_string(count) + " tokens of " + std::to_string(width) +
+                       " bytes, but the file holds " + std::to_string(payload) +
+                       " bytes of tokens (truncated or corrupt)");
+  }
+  auto tokens = torch::empty({static_cast<int64_t>(count)}, torch::kInt32);
+  int32_t* out = tokens.data_ptr<int32_t>();
+  const unsigned char* in = p + kHeaderBytes;
+  if (width == 2) {
+    for (uint64_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(in[2 * i] | (in[2 * i + 1] << 8));
+  } else {
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint64_t v = get_le(in + 4 * i, 4);
+      if (v > static_cast<uint64_t>(INT32_MAX)) {
+        bad_file(path, "token " + std::to_string(v) + " at index " + std::to_string(i) + " does not fit in int32");
+      }
+      out[i] = static_cast<int32_t>(v);
+    }
+  }
+  return tokens;
+}
+
+}  // namespace nanogpt::data
