@@ -11,7 +11,9 @@ namespace nanogpt::train {
 double measure_gemm_flops(torch::Device device, torch::ScalarType dtype, int64_t m, int64_t k, int64_t n, int repeats) {
   c10::InferenceMode guard;
   auto opts = torch::TensorOptions().device(device).dtype(dtype);
-  auto a = torch::randn({m, k}, opts), b = torch::randn({k, n}, opts);
+  // Values do not matter for timing; filling them without the global generator keeps a resumed
+  // training run's random stream untouched.
+  auto a = torch::full({m, k}, 0.5, opts), b = torch::full({k, n}, 0.25, opts);
   auto c = torch::empty({m, n}, opts);
   torch::mm_out(c, a, b);  // warm-up: first call allocates and picks kernels
   model::backend::synchronize(device);

@@ -1,0 +1,213 @@
+// Training: LR schedule, decay groups, checkpoints, exact resume, signals, guards.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include "train/adamw.h"
+#include "train/checkpoint.h"
+#include "train/lr_schedule.h"
+#include "train/trainer.h"
+#include "train_fixture.h"
+
+using namespace nanogpt;
+using namespace nanogpt::testing;
+
+TEST(LrSchedule, WarmupCosineAndFloorValues) {
+  train::LrSchedule s{1e-3, 1e-4, 100, 5000, true};
+  EXPECT_DOUBLE_EQ(s.at(0), 1e-3 * 1 / 101);         // first warmup step
+  EXPECT_DOUBLE_EQ(s.at(99), 1e-3 * 100 / 101);      // last warmup step
+  EXPECT_DOUBLE_EQ(s.at(100), 1e-3);                 // end of warmup: peak
+  EXPECT_NEAR(s.at(2550), 1e-4 + 0.5 * 9e-4, 1e-15); // middle of the cosine: halfway
+  EXPECT_NEAR(s.at(5000), 1e-4, 1e-15);              // end of decay
+  EXPECT_DOUBLE_EQ(s.at(7000), 1e-4);                // beyond: floor
+  for (int64_t t = 100; t < 5000; ++t) EXPECT_LE(s.at(t + 1), s.at(t));
+  train::LrSchedule constant{1e-3, 1e-4, 100, 5000, false};
+  EXPECT_DOUBLE_EQ(constant.at(0), 1e-3);
+  EXPECT_DOUBLE_EQ(constant.at(9999), 1e-3);
+}
+
+TEST(AdamW, DecayGroupsHoldMatricesOnlyInModelOrder) {
+  model::ModelConfig c;
+  c.vocab_size = 10;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.bias = true;
+  c.pos_encoding = "learned";
+  model::GPT gpt(c);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (auto& p : gpt->named_parameters()) named.emplace_back(p.key(), p.value());
+  train::FlatAdamW opt(named, {});
+  std::vector<std::string> expect_decay, expect_no_decay;
+  for (auto& [name, p] : named) (p.dim() >= 2 ? expect_decay : expect_no_decay).push_back(name);
+  EXPECT_EQ(opt.decay_names(), expect_decay);
+  EXPECT_EQ(opt.no_decay_names(), expect_no_decay);
+  EXPECT_EQ(opt.decay_names().front(), "wte.weight");
+  for (auto& n : opt.no_decay_names()) EXPECT_TRUE(n.find("bias") != std::string::npos || n.find("ln_") != std::string::npos) << n;
+  EXPECT_EQ(opt.decay_numel() + opt.no_decay_numel(), gpt->num_params(false));
+}
+
+TEST(AdamW, MatchesLibTorchAdamW) {
+  torch::manual_seed(0);
+  auto a = torch::randn({5, 3}, torch::requires_grad()), b = torch::randn({3}, torch::requires_grad());
+  auto a2 = a.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
+  train::FlatAdamW ours({{"a", a}, {"b", b}}, {0.1, 0.9, 0.95, 1e-8});
+  torch::optim::AdamW ref_decay({a2}, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).weight_decay(0.1));
+  torch::optim::AdamW ref_plain({b2}, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).weight_decay(0.0));
+  for (int step = 0; step < 5; ++step) {
+    auto x = torch::randn({4, 5});
+    ((x.matmul(a) + b).pow(2).sum()).backward();
+    ((x.matmul(a2) + b2).pow(2).sum()).backward();
+    ours.step(1e-2);
+    ours.zero_grad();
+    ref_decay.step();
+    ref_plain.step();
+    ref_decay.zero_grad();
+    ref_plain.zero_grad();
+  }
+  EXPECT_TRUE(torch::allclose(a, a2, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(b, b2, 1e-5, 1e-6));
+}
+
+TEST(AdamW, ClipsTheGlobalNorm) {
+  auto a = torch::zeros({2, 2}, torch::requires_grad()), b = torch::zeros({2}, torch::requires_grad());
+  train::FlatAdamW opt({{"a", a}, {"b", b}}, {});
+  (a * torch::full({2, 2}, 3.0)).sum().backward();  // grad 3 everywhere
+  (b * torch::full({2}, 4.0)).sum().backward();     // grad 4 everywhere
+  const double norm = opt.clip_grad_norm(1.0).item<double>();
+  EXPECT_NEAR(norm, std::sqrt(4 * 9.0 + 2 * 16.0), 1e-5);
+  const double after = std::sqrt(a.grad().pow(2).sum().item<double>() + b.grad().pow(2).sum().item<double>());
+  EXPECT_NEAR(after, 1.0, 1e-5);
+}
+
+TEST(Train, LossFallsOnATinyRun) {
+  TempDir dir("loss_falls");
+  auto c = tiny_config(dir.path);
+  c.max_iters = 60;
+  c.eval_interval = 60;
+  c.dropout = 0.0;
+  train::Trainer trainer(c, /*quiet=*/true);
+  const double before = trainer.estimate_loss("train");
+  auto result = trainer.run();
+  EXPECT_EQ(result.iter, 60);
+  EXPECT_LT(result.last_val_loss, before - 0.5);
+  EXPECT_NEAR(before, std::log(trainer.model()->config().vocab_size), 0.3);
+}
+
+TEST(Train, CheckpointRoundTripRestoresEverything) {
+  TempDir dir("ckpt_roundtrip");
+  auto c = tiny_config(dir.path);
+  c.max_iters = 10;
+  train::Trainer trainer(c, true);
+  trainer.run();
+  const std::string path = c.out_dir + "/" + train::kLastCheckpoint;
+  auto meta = train::read_checkpoint_meta(path);
+  EXPECT_EQ(meta.iter, 10);
+  EXPECT_EQ(meta.format_version, train::kCheckpointFormatVersion);
+  EXPECT_EQ(meta.model_config.n_embd, 32);
+  EXPECT_TRUE(meta.eval_done);
+  EXPECT_FALSE(meta.sampler_state.empty());
+  EXPECT_NE(meta.config_yaml.find("max_iters: 10"), std::string::npos);
+  auto loaded = train::load_model(path);
+  auto src = trainer.model()->named_parameters();
+  for (auto& p : loaded.model->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), src[p.key()])) << p.key();
+  EXPECT_EQ(loaded.vocab, meta.vocab);
+}
+
+TEST(Train, ResumeIsBitwiseExact) {
+  TempDir dir("exact_resume");
+  auto full = tiny_config(dir.path + "/full");
+  train::Trainer(full, true).run();
+  auto half = tiny_config(dir.path + "/half");
+  half.max_iters = 10;
+  train::Trainer(half, true).run();
+  half.max_iters = 20;
+  half.init_from = "resume";
+  auto result = train::Trainer(half, true).run();
+  EXPECT_EQ(result.iter, 20);
+  auto a = train_losses(full.out_dir + "/metrics.csv"), b = train_losses(half.out_dir + "/metrics.csv");
+  ASSERT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, b);
+}
+
+TEST(Train, SigintFinishesTheStepSavesAndResumesExactly) {
+  TempDir dir("sigint");
+  auto full = tiny_config(dir.path + "/full");
+  full.max_iters = 400;
+  full.eval_interval = 1000;
+  train::Trainer(full, true).run();
+  auto stopped = tiny_config(dir.path + "/stopped");
+  stopped.max_iters = 400;
+  stopped.eval_interval = 1000;
+  train::Trainer trainer(stopped, true);
+  std::thread killer([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::raise(SIGINT);
+  });
+  auto result = trainer.run();
+  killer.join();
+  ASSERT_EQ(result.exit_code, 130);
+  ASSERT_LT(result.iter, 400) << "training finished before the signal; make the run longer";
+  auto meta = train::read_checkpoint_meta(stopped.out_dir + "/" + train::kLastCheckpoint);
+  EXPECT_EQ(meta.iter, result.iter);
+  EXPECT_FALSE(meta.eval_done);
+  stopped.init_from = "resume";
+  EXPECT_EQ(train::Trainer(stopped, true).run().iter, 400);
+  EXPECT_EQ(train_losses(full.out_dir + "/metrics.csv"), train_losses(stopped.out_dir + "/metrics.csv"));
+}
+
+TEST(Train, NonFiniteLossStopsAndKeepsTheCheckpoint) {
+  TempDir dir("nonfinite");
+  auto c = tiny_config(dir.path);
+  c.max_iters = 10;
+  train::Trainer(c, true).run();
+  const std::string path = c.out_dir + "/" + train::kLastCheckpoint;
+  const std::string before = read_text(path);
+  c.init_from = "resume";
+  c.max_iters = 40;
+  c.learning_rate = 1e30;  // diverges at once
+  c.min_lr = 1e29;
+  c.grad_clip = 0.0;
+  try {
+    train::Trainer(c, true).run();
+    ADD_FAILURE() << "no error on a diverging run";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_text(path), before);
+}
+
+TEST(Train, BadSetupsAreClearErrors) {
+  TempDir dir("bad_setup");
+  auto expect_error = [](train::TrainConfig c, const std::string& needle) {
+    try {
+      train::Trainer t(c, true);
+      ADD_FAILURE() << "no error, expected: " << needle;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto c = tiny_config(dir.path);
+  c.init_from = "resume";
+  expect_error(c, "no checkpoint");
+  c = tiny_config(dir.path);
+  c.dataset = dir.path + "/nowhere";
+  expect_error(c, "has no input.txt");
+  c = tiny_config(dir.path);
+  c.block_size = 5000;  // the val split (2000 chars) cannot hold one window
+  expect_error(c, "block_size");
+  if (!torch::cuda::is_available()) {
+    c = tiny_config(dir.path);
+    c.device = "cuda";
+    expect_error(c, "CUDA is not available");
+  }
+  c = tiny_config(dir.path);
+  std::ofstream(dir.path + "/a_file") << "x";
+  c.out_dir = dir.path + "/a_file/out";
+  expect_error(c, "out_dir");
+}
