@@ -1,6 +1,126 @@
-// nanogpt attention (placeholder until its issue lands).
+// nanogpt attention: run a prompt through a trained model and draw every head's attention
+// weights (one heatmap per layer and head), plus the raw weights as CSV.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "data/atomic_file.h"
+#include "data/utf8.h"
+#include "data/vocab.h"
+#include "model/backend.h"
+#include "train/checkpoint.h"
+#include "viz/attention_csv.h"
+#include "viz/attention_plot.h"
 
 namespace nanogpt::cli {
-void add_attention_command(CLI::App& app) { app.add_subcommand("attention", "(not built yet)"); }
+namespace {
+
+// "all" -> every layer; "3" -> {3}. Throws naming the valid range.
+std::vector<int64_t> select_layers(const std::string& spec, int64_t n_layer) {
+  std::vector<int64_t> layers;
+  if (spec == "all") {
+    for (int64_t l = 0; l < n_layer; ++l) layers.push_back(l);
+    return layers;
+  }
+  const std::string range = "this model has " + std::to_string(n_layer) + " layers: use 0.." +
+                            std::to_string(n_layer - 1) + " or all";
+  const bool digits = !spec.empty() && spec.size() < 10 && spec.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits) throw std::runtime_error("[attention] --layer '" + spec + "' is not a layer number (" + range + ")");
+  const int64_t layer = std::stoll(spec);
+  if (layer >= n_layer) throw std::runtime_error("[attention] --layer " + spec + " is out of range (" + range + ")");
+  return {layer};
+}
+
+// The characters that encode() dropped, described once each: 'x' (U+0078), ...
+std::string describe_skipped(const std::u32string& skipped) {
+  std::u32string distinct;
+  for (char32_t c : skipped) {
+    if (distinct.find(c) == std::u32string::npos) distinct += c;
+  }
+  std::string out;
+  for (size_t i = 0; i < distinct.size() && i < 8; ++i) out += (i ? ", " : "") + data::describe_char(distinct[i]);
+  if (distinct.size() > 8) out += ", ...";
+  return out;
+}
+
+}  // namespace
+
+void add_attention_command(CLI::App& app) {
+  struct Options {
+    std::string out_dir = "out";
+    std::string ckpt;
+    std::string start;
+    std::string layer = "all";
+    std::string out;  // default: next to the checkpoint, attention.png
+    std::string csv;  // default: out with .csv
+    std::string device = "cpu";
+    bool skip_unknown = false;
+  };
+  auto opts = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("attention", "Draw the attention weights of a prompt, one heatmap per layer and head");
+  auto* out_dir = cmd->add_option("--out_dir", opts->out_dir, "Training folder (reads ckpt_best.pt, else ckpt_last.pt)")
+                      ->capture_default_str();
+  cmd->add_option("--ckpt", opts->ckpt, "A checkpoint file (instead of --out_dir)")->excludes(out_dir);
+  cmd->add_option("--start", opts->start, "The prompt, or FILE:path to read it from a file")->required();
+  cmd->add_option("--layer", opts->layer, "Layer to draw (0-based), or all")->capture_default_str();
+  cmd->add_option("--out", opts->out, "Output PNG (default: attention.png next to the checkpoint)");
+  cmd->add_option("--csv", opts->csv, "Raw weights as CSV (default: the PNG path with .csv)");
+  cmd->add_option("--device", opts->device, "auto | cpu | cuda | cuda:N")->capture_default_str();
+  cmd->add_flag("--skip_unknown", opts->skip_unknown, "Drop prompt characters that are not in the vocabulary");
+  cmd->callback([opts] {
+    const std::string source = opts->ckpt.empty() ? opts->out_dir : opts->ckpt;
+    const std::string ckpt_path = train::resolve_checkpoint(source);
+    const torch::Device device = model::backend::resolve_device(opts->device);
+    train::LoadedModel loaded = train::load_model(ckpt_path, device);
+    const model::ModelConfig& config = loaded.model->config();
+    const std::vector<int64_t> layers = select_layers(opts->layer, config.n_layer);
+
+    const bool from_file = opts->start.rfind("FILE:", 0) == 0;
+    const std::string prompt = from_file ? data::read_file(opts->start.substr(5), "attention") : opts->start;
+    std::u32string skipped;
+    const auto policy = opts->skip_unknown ? data::UnknownChars::Skip : data::UnknownChars::Error;
+    std::vector<int64_t> ids = loaded.vocab.encode(prompt, policy, &skipped);
+    if (!skipped.empty()) {
+      std::fprintf(stderr, "[attention] skipped %zu character(s) not in the vocabulary: %s\n", skipped.size(),
+                   describe_skipped(skipped).c_str());
+    }
+    if (ids.empty()) throw std::runtime_error("[attention] the prompt has no tokens: pass a non-empty --start");
+    if (static_cast<int64_t>(ids.size()) > config.block_size) {
+      std::fprintf(stderr, "[attention] the prompt has %zu tokens; keeping the last %lld (the model's block_size)\n",
+                   ids.size(), static_cast<long long>(config.block_size));
+      ids.erase(ids.begin(), ids.end() - config.block_size);
+    }
+    const auto T = static_cast<int64_t>(ids.size());
+
+    const torch::Tensor idx = torch::tensor(ids, torch::kLong).view({1, T}).to(device);  // (1, T)
+    std::vector<torch::Tensor> maps;  // per layer (1, nh, T, T)
+    {
+      torch::NoGradGuard no_grad;
+      maps = loaded.model->attention_maps(idx);
+    }
+    std::vector<viz::AttentionPanel> panels;
+    for (int64_t layer : layers) {
+      const torch::Tensor weights = maps.at(layer)[0].to(torch::kCPU, torch::kFloat);  // (nh, T, T)
+      for (int64_t head = 0; head < weights.size(0); ++head) panels.push_back({layer, head, weights[head]});
+    }
+    std::vector<std::string> labels;
+    for (int64_t id : ids) labels.push_back(loaded.vocab.decode_one(id));
+
+    const std::filesystem::path ckpt_dir = std::filesystem::path(ckpt_path).parent_path();
+    const std::string out = opts->out.empty() ? (ckpt_dir / "attention.png").string() : opts->out;
+    const std::string csv =
+        opts->csv.empty() ? std::filesystem::path(out).replace_extension(".csv").string() : opts->csv;
+    const std::string title = "attention | " + std::filesystem::path(ckpt_path).filename().string() + " (iter " +
+                              std::to_string(loaded.meta.iter) + ") | " + std::to_string(T) + " tokens";
+    viz::plot_attention(panels, labels, out, title);
+    viz::write_attention_csv(panels, labels, csv);
+    std::printf("[attention] wrote %s and %s | %zu panels | %lld tokens\n", out.c_str(), csv.c_str(), panels.size(),
+                static_cast<long long>(T));
+  });
+}
+
 }  // namespace nanogpt::cli

@@ -166,6 +166,7 @@ void add_sample_command(CLI::App& app) {
   cmd->add_flag("--batch", a->batch, "Generate all samples together as one batch (faster; no streaming)");
   cmd->add_flag("--no_cache", a->no_cache, "Recompute the whole context for every token (nanoGPT's way; for comparison)");
   cmd->add_flag("--skip_unknown", a->skip_unknown, "Drop prompt characters that are not in the vocabulary (with a warning)");
+  for (auto* option : cmd->get_options()) option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later wins
   cmd->callback([a] { run_sample(*a); });
 }
 

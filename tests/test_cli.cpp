@@ -1,0 +1,170 @@
+// The nanogpt program end to end: the summary line, exact resume through the CLI, samples, and
+// one clear error line (and a non-zero exit) for each kind of bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "data/utf8.h"
+#include "train_fixture.h"
+
+using namespace nanogpt::testing;
+
+namespace {
+
+struct Run {
+  int rc = -1;
+  std::string out, err;
+};
+
+Run run(const std::string& args, const std::string& tmp) {
+  const std::string out = tmp + "/stdout", err = tmp + "/stderr";
+  const std::string cmd = std::string(NANOGPT_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_text(out);
+  r.err = read_text(err);
+  return r;
+}
+
+// A tiny config file for the CLI, built from the shared fixture.
+std::string write_config(const std::string& dir, const std::string& extra = "") {
+  auto c = tiny_config(dir);
+  std::string yaml = nanogpt::train::to_yaml(c) + extra;
+  std::ofstream(dir + "/tiny.yaml") << yaml;
+  return dir + "/tiny.yaml";
+}
+
+void expect_one_error_line(const Run& r, const std::string& needle) {
+  EXPECT_NE(r.rc, 0);
+  EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+}
+
+}  // namespace
+
+TEST(Cli, PreparePrintsNanoGPTsSplit) {
+  TempDir dir("cli_prepare");
+  auto r = run("prepare --input " + std::string(NANOGPT_SOURCE_DIR) + "/data/shakespeare_char/input.txt --out_dir " +
+                   dir.path,
+               dir.path);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "[data] vocab_size=65 train_tokens=1003854 val_tokens=111540\n");
+  auto t = run("prepare --input " + std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt --out_dir " + dir.path + "/tang",
+               dir.path);
+  EXPECT_EQ(t.rc, 0) << t.err;
+  EXPECT_EQ(t.out.rfind("[data] vocab_size=7443 ", 0), 0u) << t.out;
+}
+
+TEST(Cli, ResumeThroughTheCliIsBitwiseExact) {
+  TempDir dir("cli_resume");
+  const std::string cfg = write_config(dir.path);
+  auto full = run("train " + cfg + " --out_dir=" + dir.path + "/full", dir.path);
+  ASSERT_EQ(full.rc, 0) << full.err;
+  EXPECT_NE(full.out.find("number of parameters: 0.03M"), std::string::npos) << full.out;
+  auto half = run("train " + cfg + " --out_dir=" + dir.path + "/half --max_iters=10", dir.path);
+  ASSERT_EQ(half.rc, 0) << half.err;
+  auto resumed = run("train " + cfg + " --out_dir=" + dir.path + "/half --init_from=resume", dir.path);
+  ASSERT_EQ(resumed.rc, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos);
+  auto a = train_losses(dir.path + "/full/metrics.csv"), b = train_losses(dir.path + "/half/metrics.csv");
+  EXPECT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, b);
+  EXPECT_TRUE(std::filesystem::exists(dir.path + "/full/config.yaml"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path + "/full/train.log"));
+}
+
+TEST(Cli, TrainRejectsBadInputWithOneLine) {
+  TempDir dir("cli_bad_train");
+  const std::string cfg = write_config(dir.path);
+  expect_one_error_line(run("train " + cfg + " --max_iters", dir.path), "--max_iters");
+  expect_one_error_line(run("train " + cfg + " --=3", dir.path), "--=3");
+  expect_one_error_line(run("train " + cfg + " --max_itters=3", dir.path), "max_itters");
+  expect_one_error_line(run("train " + cfg + " --max_iters=abc", dir.path), "max_iters");
+  expect_one_error_line(run("train " + cfg + " --n_head=5", dir.path), "n_head");
+  expect_one_error_line(run("train " + cfg + " --init_from=resume --out_dir=" + dir.path + "/none", dir.path), "no checkpoint");
+  expect_one_error_line(run("train " + cfg + " --dataset=" + dir.path + "/missing", dir.path), "input.txt");
+  expect_one_error_line(run("train " + dir.path + "/nope.yaml", dir.path), "nope.yaml");
+  std::ofstream(dir.path + "/bad.yaml") << "max_iters: 10\nwarmup: 3\n";
+  expect_one_error_line(run("train " + dir.path + "/bad.yaml", dir.path), "warmup");
+  if (!torch::cuda::is_available())
+    expect_one_error_line(run("train " + cfg + " --device=cuda", dir.path), "CUDA is not available");
+}
+
+TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
+  TempDir dir("cli_sample");
+  const std::string cfg = write_config(dir.path);
+  ASSERT_EQ(run("train " + cfg + " --max_iters=10", dir.path).rc, 0);
+  const std::string base = "sample --num_threads=1 --out_dir=" + dir.path + "/out --num_samples=2 --max_new_tokens=40 ";
+  auto a = run(base + "--seed=7", dir.path), b = run(base + "--seed=7", dir.path), c = run(base + "--seed=8", dir.path);
+  ASSERT_EQ(a.rc, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+  size_t separators = 0;
+  for (size_t at = a.out.find("\n---------------\n"); at != std::string::npos; at = a.out.find("\n---------------\n", at + 1))
+    ++separators;
+  EXPECT_EQ(separators, 2u) << "nanoGPT's separator after each sample";
+  EXPECT_NE(a.err.find("tok/s"), std::string::npos);
+  auto batched = run(base + "--seed=7 --batch", dir.path);
+  EXPECT_EQ(batched.rc, 0) << batched.err;
+  auto nocache = run(base + "--seed=7 --no_cache", dir.path);
+  EXPECT_EQ(nocache.out, a.out);
+  auto stopped = run(base + "--seed=7 --stop=e --start=T --max_new_tokens=400 --temperature=1", dir.path);
+  ASSERT_EQ(stopped.rc, 0);
+  const auto first = stopped.out.substr(0, stopped.out.find("\n---------------"));
+  EXPECT_EQ(first.back(), 'e') << first;
+  EXPECT_EQ(first.find('e'), first.size() - 1) << first;
+  expect_one_error_line(run(base + "--start=Té", dir.path), "U+00E9");
+  auto skipped = run(base + "--start=Té --skip_unknown", dir.path);
+  EXPECT_EQ(skipped.rc, 0) << skipped.err;
+  EXPECT_NE(skipped.err.find("U+00E9"), std::string::npos);
+  expect_one_error_line(run(base + "--temperature=-1", dir.path), "temperature");
+  expect_one_error_line(run(base + "--top_p=0", dir.path), "top_p");
+}
+
+TEST(Cli, BrokenCheckpointsAreClearErrors) {
+  TempDir dir("cli_broken_ckpt");
+  const std::string cfg = write_config(dir.path);
+  ASSERT_EQ(run("train " + cfg + " --max_iters=10", dir.path).rc, 0);
+  const std::string good = read_text(dir.path + "/out/ckpt_last.pt");
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir.path + "/" + name, std::ios::binary) << bytes;
+    return dir.path + "/" + name;
+  };
+  expect_one_error_line(run("sample --ckpt=" + dir.path + "/missing.pt", dir.path), "missing.pt");
+  expect_one_error_line(run("sample --ckpt=" + write("empty.pt", ""), dir.path), "empty");
+  expect_one_error_line(run("sample --ckpt=" + write("text.pt", "hello, I am not a checkpoint"), dir.path), "not a nanogpt-cpp checkpoint");
+  for (size_t cut : {good.size() / 2, good.size() - 100, size_t{40}})
+    expect_one_error_line(run("sample --ckpt=" + write("cut.pt", good.substr(0, cut)), dir.path), "cut.pt");
+  expect_one_error_line(run("sample --out_dir=" + dir.path, dir.path), "no checkpoint");
+}
+
+TEST(Cli, ChineseModelSamplesValidUtf8) {
+  TempDir dir("cli_chinese");
+  std::filesystem::create_directories(dir.path + "/data");
+  // Tang poems (4-byte characters included) as a small corpus.
+  const std::string poems = read_text(std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt").substr(0, 60000);
+  std::string text = poems.substr(0, poems.rfind('\n') + 1) + "𠀀𪚥\n";
+  std::ofstream(dir.path + "/data/input.txt", std::ios::binary) << text;
+  auto c = tiny_config(dir.path + "/cfg");
+  c.dataset = dir.path + "/data";
+  c.out_dir = dir.path + "/out";
+  c.max_iters = 30;
+  std::ofstream(dir.path + "/zh.yaml") << nanogpt::train::to_yaml(c);
+  ASSERT_EQ(run("train " + dir.path + "/zh.yaml", dir.path).rc, 0);
+  const std::string start = poems.substr(0, 6);  // the first two characters (3 bytes each)
+  auto s = run("sample --num_threads=1 --out_dir=" + dir.path + "/out --start=" + start +
+                   " --num_samples=1 --max_new_tokens=60 --temperature=1",
+               dir.path);
+  ASSERT_EQ(s.rc, 0) << s.err;
+  const auto cps = nanogpt::data::decode_utf8(s.out);  // throws on invalid UTF-8
+  EXPECT_GT(cps.size(), 60u);
+  EXPECT_EQ(s.out.rfind(start, 0), 0u);
+  int cjk = 0;
+  for (char32_t cp : cps) cjk += cp >= 0x4E00;
+  EXPECT_GT(cjk, 20);
+}
