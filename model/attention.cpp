@@ -21,8 +21,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config)
   k_proj = register_module("k_proj", torch::nn::Linear(linear(C, kv_width)));
   v_proj = register_module("v_proj", torch::nn::Linear(linear(C, kv_width)));
   c_proj = register_module("c_proj", torch::nn::Linear(linear(C, C)));
-  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(config.dropout));
-  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.dropout));
+  attn_dropout = register_module("attn_dropout", Dropout(config.dropout));
+  resid_dropout = register_module("resid_dropout", Dropout(config.dropout));
 }
 
 torch::Tensor CausalSelfAttentionImpl::causal_mask(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device) {
@@ -33,15 +33,29 @@ torch::Tensor CausalSelfAttentionImpl::causal_mask(int64_t start_pos, int64_t T,
   return mask_.narrow(0, start_pos, T).narrow(1, 0, Tk);  // (T, Tk)
 }
 
+torch::Tensor CausalSelfAttentionImpl::causal_bias(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device) {
+  if (!bias_.defined() || bias_.device() != device)
+    bias_ = torch::zeros({block_size_, block_size_}, torch::TensorOptions().device(device))
+                .masked_fill(causal_mask(0, block_size_, block_size_, device), -std::numeric_limits<float>::infinity());
+  return bias_.narrow(0, start_pos, T).narrow(1, 0, Tk);  // (T, Tk): 0 where visible, -inf where hidden
+}
+
 torch::Tensor CausalSelfAttentionImpl::math_attention(const torch::Tensor& q, const torch::Tensor& k,
                                                       const torch::Tensor& v, int64_t start_pos,
                                                       torch::Tensor* weights_out) {
-  const int64_t T = q.size(2), Tk = k.size(2);
+  const int64_t B = q.size(0), nh = q.size(1), T = q.size(2), Tk = k.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_size_));
-  auto att = q.matmul(k.transpose(-2, -1)) * scale;  // (B, nh, T, Tk)
-  if (T > 1)  // one new query sees every cached key: nothing to mask
-    att = att.masked_fill(causal_mask(start_pos, T, Tk, q.device()), -std::numeric_limits<float>::infinity());
-  att = torch::softmax(att, -1);  // (B, nh, T, Tk), rows sum to 1
+  auto q3 = q.reshape({B * nh, T, head_size_});                      // (B*nh, T, hs)
+  auto kt = k.reshape({B * nh, Tk, head_size_}).transpose(1, 2);     // (B*nh, hs, Tk)
+  torch::Tensor att;
+  if (T > 1) {
+    // mask + scale * Q Kᵀ in one kernel: the causal mask is an additive 0 / -inf bias, so hidden
+    // keys get exactly zero weight after the softmax.
+    att = torch::baddbmm(causal_bias(start_pos, T, Tk, q.device()), q3, kt, /*beta=*/1.0, /*alpha=*/scale);
+  } else {  // one new query sees every cached key: nothing to mask
+    att = torch::bmm(q3, kt) * scale;
+  }
+  att = torch::softmax(att.view({B, nh, T, Tk}), -1);  // (B, nh, T, Tk), rows sum to 1
   if (weights_out) *weights_out = att;
   att = attn_dropout(att);
   return att.matmul(v);  // (B, nh, T, hs)
@@ -49,9 +63,15 @@ torch::Tensor CausalSelfAttentionImpl::math_attention(const torch::Tensor& q, co
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const AttentionContext& ctx) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  auto q = q_proj(x).view({B, T, n_head_, head_size_}).transpose(1, 2);     // (B, nh, T, hs)
-  auto k = k_proj(x).view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
-  auto v = v_proj(x).view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
+  // Q, K and V are three projections; computing them as one GEMM over the concatenated weights
+  // is the same arithmetic with one kernel (and one bf16 cast of x under autocast) instead of three.
+  const int64_t kv_width = n_kv_head_ * head_size_;
+  auto w = torch::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // (C + 2 kv, C)
+  auto b = q_proj->bias.defined() ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : torch::Tensor();
+  auto qkv = torch::nn::functional::linear(x, w, b).split_with_sizes({C, kv_width, kv_width}, -1);  // (B, T, ·) each
+  auto q = qkv[0].view({B, T, n_head_, head_size_}).transpose(1, 2);     // (B, nh, T, hs)
+  auto k = qkv[1].view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
+  auto v = qkv[2].view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
   if (ctx.rope) {
     q = ctx.rope->apply(q, ctx.start_pos);
     k = ctx.rope->apply(k, ctx.start_pos);

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "model/config.h"
+#include "model/dropout.h"
 #include "model/positions.h"
 
 namespace nanogpt::model {
@@ -36,12 +37,14 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                int64_t start_pos, torch::Tensor* weights_out);
   torch::Tensor causal_mask(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device);  // (T, Tk) bool
+  torch::Tensor causal_bias(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device);  // (T, Tk) 0 / -inf
 
   int64_t n_head_, n_kv_head_, head_size_, block_size_;
   double dropout_;
   bool use_sdpa_;
-  torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
+  Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
   torch::Tensor mask_;  // (block_size, block_size) bool, true above the diagonal; cached, not a buffer
+  torch::Tensor bias_;  // the same as an additive fp32 bias (0 / -inf); cached, not a buffer
 };
 TORCH_MODULE(CausalSelfAttention);
 

@@ -15,7 +15,7 @@ GPTImpl::GPTImpl(const ModelConfig& config) : config_(config) {
     sinusoid_ = sinusoidal_table(config.block_size, config.n_embd);
   else
     rope_ = std::make_shared<Rope>(config.block_size, config.head_size(), config.rope_base);
-  drop = register_module("drop", torch::nn::Dropout(config.dropout));
+  drop = register_module("drop", Dropout(config.dropout));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Block(config));
   ln_f = register_module("ln_f", Norm(config.norm, config.n_embd, config.bias));

@@ -9,6 +9,7 @@
 
 #include "model/block.h"
 #include "model/config.h"
+#include "model/dropout.h"
 #include "model/kv_cache.h"
 #include "model/norm.h"
 #include "model/positions.h"
@@ -56,7 +57,7 @@ class GPTImpl : public torch::nn::Module {
   ModelConfig config_;
   torch::nn::Embedding wte{nullptr};  // (V, C), also the output head
   torch::nn::Embedding wpe{nullptr};  // (block_size, C), learned positions only
-  torch::nn::Dropout drop{nullptr};
+  Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};   // n_layer Blocks
   Norm ln_f{nullptr};
   torch::Tensor sinusoid_;            // (block_size, C) cached table, sinusoidal only; not a buffer

@@ -7,7 +7,7 @@ MLPImpl::MLPImpl(const ModelConfig& config) {
   const int64_t C = config.n_embd;
   c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(C, 4 * C).bias(config.bias)));
   c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * C, C).bias(config.bias)));
-  dropout = register_module("dropout", torch::nn::Dropout(config.dropout));
+  dropout = register_module("dropout", Dropout(config.dropout));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "model/config.h"
+#include "model/dropout.h"
 
 namespace nanogpt::model {
 
@@ -17,7 +18,7 @@ class MLPImpl : public torch::nn::Module {
   torch::nn::Linear c_proj{nullptr};  // 4C -> C, an output projection (scaled init)
 
  private:
-  torch::nn::Dropout dropout{nullptr};
+  Dropout dropout{nullptr};
 };
 TORCH_MODULE(MLP);
 

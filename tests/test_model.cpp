@@ -314,3 +314,30 @@ TEST(ModelConfig, RejectsImpossibleCombinationsNamingValues) {
     expect_error(c, "LibTorch >= 2.0");
   }
 }
+
+TEST(Dropout, DropsAboutPScalesTheRestAndIsSeeded) {
+  auto x = torch::ones({1000, 100});
+  torch::manual_seed(11);
+  auto y = nanogpt::model::fast_dropout(x, 0.2, true);
+  const double dropped = (y == 0).to(torch::kDouble).mean().item<double>();
+  EXPECT_NEAR(dropped, 0.2, 0.01);
+  EXPECT_TRUE(torch::allclose(y.masked_select(y != 0), torch::full({1}, 1.25)));
+  torch::manual_seed(11);
+  EXPECT_TRUE(torch::equal(nanogpt::model::fast_dropout(x, 0.2, true), y));      // same seed, same mask
+  EXPECT_FALSE(torch::equal(nanogpt::model::fast_dropout(x, 0.2, true), y));     // the generator moved on
+  EXPECT_TRUE(torch::equal(nanogpt::model::fast_dropout(x, 0.2, false), x));     // eval: identity
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(1);
+  torch::manual_seed(11);
+  EXPECT_TRUE(torch::equal(nanogpt::model::fast_dropout(x, 0.2, true), y));      // independent of threads
+  torch::set_num_threads(threads);
+}
+
+TEST(Dropout, GradientIsTheMask) {
+  auto x = torch::randn({64, 33}, torch::requires_grad());
+  auto y = nanogpt::model::fast_dropout(x, 0.5, true);
+  y.sum().backward();
+  EXPECT_TRUE(torch::allclose(x.grad(), (y != 0).to(torch::kFloat) * 2.0));
+  auto bf = nanogpt::model::fast_dropout(torch::ones({100}, torch::kBFloat16), 0.5, true);
+  EXPECT_EQ(bf.scalar_type(), torch::kBFloat16);
+}

@@ -7,13 +7,19 @@
 //   optimizer/{step, exp_avg.decay, exp_avg_sq.decay, exp_avg.no_decay, exp_avg_sq.no_decay}
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
 #include "data/atomic_file.h"
+#include "data/utf8.h"
 #include "train/adamw.h"
 
 namespace nanogpt::train {
@@ -22,13 +28,38 @@ namespace {
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
+// A damaged file's strings (a config field, a name inside the archive) end up in error messages:
+// escape control characters, and every non-ASCII byte when the text is not valid UTF-8, so the
+// error stays one readable line.
+std::string printable(const std::string& text) {
+  bool utf8 = true;
+  try {
+    data::decode_utf8(text);
+  } catch (const std::exception&) {
+    utf8 = false;
+  }
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7F || (u >= 0x80 && !utf8)) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::runtime_error ckpt_error(const std::string& path, const std::string& what) {
-  return std::runtime_error("[ckpt] '" + path + "': " + what);
+  return std::runtime_error(printable("[ckpt] '" + path + "': " + what));
 }
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-void check_file(const std::string& path) {
+// Returns the file size.
+uint64_t check_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw ckpt_error(path, "no such file (train first, or check --out_dir)");
   if (S_ISDIR(st.st_mode)) throw ckpt_error(path, "is a directory, expected a checkpoint file");
@@ -38,16 +69,19 @@ void check_file(const std::string& path) {
   in.read(magic, 4);
   if (!in || magic[0] != 'P' || magic[1] != 'K' || magic[2] != 3 || magic[3] != 4)
     throw ckpt_error(path, "not a nanogpt-cpp checkpoint (not a LibTorch archive)");
+  return static_cast<uint64_t>(st.st_size);
 }
 
 // Loads the archive; LibTorch's errors (truncated zip, foreign pickle) become one clear line.
-void open_archive(const std::string& path, InputArchive& archive) {
-  check_file(path);
+// Returns the file size.
+uint64_t open_archive(const std::string& path, InputArchive& archive) {
+  const uint64_t size = check_file(path);
   try {
     archive.load_from(path, torch::kCPU);
   } catch (const std::exception& e) {
     throw ckpt_error(path, "cannot be read, truncated or damaged? (" + first_line(e.what()) + ")");
   }
+  return size;
 }
 
 c10::IValue read_value(InputArchive& archive, const std::string& path, const std::string& key) {
@@ -109,7 +143,18 @@ void write_model_config(OutputArchive& a, const model::ModelConfig& m) {
   a.write("model_config.attention", m.attention);
 }
 
-model::ModelConfig read_model_config(InputArchive& a, const std::string& path) {
+// A lower bound on the bytes of float32 weights a config needs: the token embedding, learned
+// positions, and per layer the attention's q/out projections (C x C each) and the MLP (2 x 4C x C).
+double min_weight_bytes(const model::ModelConfig& m) {
+  const double C = static_cast<double>(m.n_embd);
+  double params = static_cast<double>(m.vocab_size) * C + static_cast<double>(m.n_layer) * 10.0 * C * C;
+  if (m.pos_encoding == "learned") params += static_cast<double>(m.block_size) * C;
+  return 4.0 * params;
+}
+
+// `file_size` bounds the model: a damaged size field must fail here, not make the model constructor
+// allocate (and fill) gigabytes or terabytes.
+model::ModelConfig read_model_config(InputArchive& a, const std::string& path, uint64_t file_size) {
   model::ModelConfig m;
   m.vocab_size = read_int(a, path, "model_config.vocab_size");
   m.block_size = read_int(a, path, "model_config.block_size");
@@ -130,13 +175,21 @@ model::ModelConfig read_model_config(InputArchive& a, const std::string& path) {
   } catch (const std::exception& e) {
     throw ckpt_error(path, std::string("stored model config is invalid: ") + e.what());
   }
+  // block_size: attention builds a (block_size, block_size) mask, so 2^18 (64 GiB of it) is above
+  // anything that was ever trained; the position tables grow with it even without weights.
   if (m.vocab_size > (int64_t{1} << 21) || m.n_layer > 4096 || m.n_embd > (int64_t{1} << 16) ||
-      m.block_size > (int64_t{1} << 24))
+      m.block_size > (int64_t{1} << 18))
     throw ckpt_error(path, "stored model config is implausibly large (damaged file?)");
+  const double needed = min_weight_bytes(m);
+  if (needed > static_cast<double>(file_size))
+    throw ckpt_error(path, "stored model config (vocab_size " + std::to_string(m.vocab_size) + ", n_layer " +
+                               std::to_string(m.n_layer) + ", n_embd " + std::to_string(m.n_embd) + ") needs at least " +
+                               std::to_string(static_cast<uint64_t>(needed)) + " bytes of weights, but the file has " +
+                               std::to_string(file_size) + " (damaged file?)");
   return m;
 }
 
-CheckpointMeta read_meta(InputArchive& a, const std::string& path) {
+CheckpointMeta read_meta(InputArchive& a, const std::string& path, uint64_t file_size) {
   CheckpointMeta meta;
   c10::IValue version;
   if (!a.try_read("format_version", version) || !version.isInt())
@@ -150,7 +203,7 @@ CheckpointMeta read_meta(InputArchive& a, const std::string& path) {
   meta.config_yaml = read_string(a, path, "config_yaml");
   meta.sampler_state = read_string(a, path, "sampler_state");
   meta.eval_done = read_bool(a, path, "eval_done");
-  meta.model_config = read_model_config(a, path);
+  meta.model_config = read_model_config(a, path, file_size);
   try {
     meta.vocab = data::Vocab::deserialize(read_string(a, path, "vocab"));
   } catch (const std::runtime_error& e) {
@@ -185,6 +238,34 @@ void load_weights(InputArchive& a, const std::string& path, model::GPT& model) {
   }
 }
 
+// Writes the archive to `path` through our own file descriptor. LibTorch must never see a failed
+// write: its zip writer throws, and its destructor then retries and throws again, which calls
+// std::terminate (a full disk used to abort the run with a LibTorch stack trace and leave the
+// temporary file behind). So the first error (ENOSPC, EFBIG, EIO) is remembered, the rest of the
+// bytes are dropped, and the error is thrown here once LibTorch has finished.
+void write_archive(OutputArchive& archive, const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno));
+  int write_errno = 0;
+  try {
+    archive.save_to([&](const void* data, size_t size) -> size_t {
+      const auto* bytes = static_cast<const char*>(data);
+      for (size_t done = 0; done < size && write_errno == 0;) {
+        const ssize_t n = ::write(fd, bytes + done, size - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) write_errno = errno;
+        else done += static_cast<size_t>(n);
+      }
+      return size;  // claim success even after an error (see above)
+    });
+  } catch (const c10::Error& e) {
+    ::close(fd);
+    throw std::runtime_error(first_line(e.what_without_backtrace()));
+  }
+  if (::close(fd) != 0 && write_errno == 0) write_errno = errno;
+  if (write_errno != 0) throw std::runtime_error(std::string("write failed: ") + std::strerror(write_errno));
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta) {
@@ -206,27 +287,27 @@ void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW
   OutputArchive opt;
   optimizer.save(opt);
   archive.write("optimizer", opt);
-  data::write_file_atomically(path, [&](const std::string& tmp) { archive.save_to(tmp); }, "ckpt");
+  data::write_file_atomically(path, [&](const std::string& tmp) { write_archive(archive, tmp); }, "ckpt");
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
   InputArchive archive;
-  open_archive(path, archive);
-  return read_meta(archive, path);
+  const uint64_t file_size = open_archive(path, archive);
+  return read_meta(archive, path, file_size);
 }
 
 CheckpointMeta load_checkpoint(const std::string& path, model::GPT* model, FlatAdamW* optimizer) {
   InputArchive archive;
-  open_archive(path, archive);
-  auto meta = read_meta(archive, path);
+  const uint64_t file_size = open_archive(path, archive);
+  auto meta = read_meta(archive, path, file_size);
   if (model) load_weights(archive, path, *model);
   if (optimizer) {
     InputArchive opt;
     if (!archive.try_read("optimizer", opt)) throw ckpt_error(path, "the optimizer state is missing");
     try {
       optimizer->load(opt);
-    } catch (const std::runtime_error& e) {
-      throw ckpt_error(path, e.what());
+    } catch (const std::exception& e) {  // also LibTorch's c10::Error (a missing entry), not a runtime_error
+      throw ckpt_error(path, first_line(e.what()));
     }
   }
   return meta;
@@ -246,10 +327,10 @@ std::string resolve_checkpoint(const std::string& path) {
 
 LoadedModel load_model(const std::string& path, torch::Device device) {
   InputArchive archive;
-  open_archive(path, archive);
+  const uint64_t file_size = open_archive(path, archive);
   LoadedModel loaded;
   loaded.path = path;
-  loaded.meta = read_meta(archive, path);
+  loaded.meta = read_meta(archive, path, file_size);
   loaded.vocab = loaded.meta.vocab;
   auto config = loaded.meta.model_config;
   config.dropout = 0.0;  // inference

@@ -19,6 +19,7 @@
 #include "train/metrics_log.h"
 #include "train/peak_flops.h"
 #include "train/signals.h"
+#include "train/step.h"
 #include "viz/loss_plot.h"
 
 namespace nanogpt::train {
@@ -188,6 +189,11 @@ TrainResult Trainer::run() {
   const auto run_start = Clock::now();
   std::vector<double> step_ms;
   bool skip_eval = resumed_eval_done_;
+  StepOptions step_options;
+  step_options.gradient_accumulation_steps = config_.gradient_accumulation_steps;
+  step_options.grad_clip = config_.grad_clip;
+  step_options.autocast_bf16 = autocast_;
+  step_options.device = device_;
   double last_val = std::nan("");
   TrainResult result;
   model_->train();
@@ -222,23 +228,9 @@ TrainResult Trainer::run() {
     skip_eval = false;
     if (at_end) break;
 
-    // One optimizer step: gradient accumulation over micro-batches, clip, AdamW.
     const auto t0 = Clock::now();
     const double lr = schedule_.at(iter_);
-    torch::Tensor loss_sum;
-    for (int64_t micro = 0; micro < config_.gradient_accumulation_steps; ++micro) {
-      auto [x, y] = sampler_->next(device_);
-      torch::Tensor loss;
-      {
-        model::backend::AutocastGuard autocast(device_, torch::kBFloat16, autocast_);
-        loss = model_->forward(x, y).second;
-      }
-      (loss / static_cast<double>(config_.gradient_accumulation_steps)).backward();
-      loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
-    }
-    if (config_.grad_clip > 0.0) optimizer_->clip_grad_norm(config_.grad_clip);
-    optimizer_->step(lr);
-    optimizer_->zero_grad();
+    auto loss_sum = train_step(model_, *optimizer_, [this] { return sampler_->next(device_); }, lr, step_options);
 
     const bool log_now = iter_ % config_.log_interval == 0;
     double loss_value = 0;

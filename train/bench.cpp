@@ -1,0 +1,161 @@
+// nanogpt bench (see bench.h).
+#include "train/bench.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "data/batch_sampler.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
+#include "model/backend.h"
+#include "model/generate.h"
+#include "train/adamw.h"
+#include "train/peak_flops.h"
+#include "train/step.h"
+
+namespace nanogpt::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double sample_rate(model::GPT& model, int64_t batch, int64_t tokens, bool cache) {
+  model::SamplingOptions o;
+  o.temperature = 1.0;
+  o.use_cache = cache;
+  std::mt19937_64 rng(1);
+  model::generate(model, {0}, batch, std::min<int64_t>(tokens, 20), o, rng);  // warm-up
+  const auto t0 = Clock::now();
+  model::generate(model, {0}, batch, tokens, o, rng);
+  return static_cast<double>(batch * tokens) / seconds_since(t0);
+}
+
+}  // namespace
+
+BenchReport run_bench(const TrainConfig& config, const BenchOptions& options) {
+  BenchReport r;
+  r.threads = model::backend::set_threads(config.num_threads);
+  const auto device = model::backend::resolve_device(config.device);
+  const bool bf16 = config.dtype == "bfloat16";
+  r.torch_version = model::backend::torch_version();
+  r.device = device.str();
+  r.dtype = config.dtype;
+
+  data::PrepareOptions prep;
+  prep.input = config.dataset + "/input.txt";
+  prep.out_dir = config.dataset;
+  prep.val_fraction = config.val_fraction;
+  prep.min_split_tokens = config.block_size + 1;
+  const auto meta = data::ensure_prepared(prep);
+  const int64_t V = meta.vocab.size(), C = config.n_embd, BT = config.batch_size * config.block_size;
+
+  // GEMMs: a large square, and the model's own shapes (rows = tokens in a micro-batch).
+  const int64_t square = device.is_cuda() ? 4096 : 1024;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const std::string name = dtype == torch::kFloat ? "float32" : "bfloat16";
+    r.gemm.push_back({"square", name, square, square, square, measure_gemm_flops(device, dtype, square, square, square) / 1e9});
+    r.gemm.push_back({"q/k/v/c_proj", name, BT, C, C, measure_gemm_flops(device, dtype, BT, C, C) / 1e9});
+    r.gemm.push_back({"mlp c_fc", name, BT, C, 4 * C, measure_gemm_flops(device, dtype, BT, C, 4 * C) / 1e9});
+    r.gemm.push_back({"head", name, BT, C, V, measure_gemm_flops(device, dtype, BT, C, V) / 1e9});
+  }
+  for (const auto& g : r.gemm)
+    if (g.shape == "square" && g.dtype == config.dtype) r.peak_gflops = g.gflops;
+
+  // Training steps on real batches, exactly as the trainer runs them.
+  torch::manual_seed(static_cast<uint64_t>(config.seed));
+  auto model_config = config.model_config(V);
+  model::GPT model(model_config);
+  model->to(device);
+  std::ostringstream summary;
+  summary << config.n_layer << "L/" << config.n_head << "H/" << config.n_embd << " block " << config.block_size << " batch "
+          << config.batch_size << "x" << config.gradient_accumulation_steps << " vocab " << V << " ("
+          << model->num_params() / 1e6 << "M params, " << config.pos_encoding << ")";
+  r.config_summary = summary.str();
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
+  FlatAdamW optimizer(named, {config.weight_decay, config.beta1, config.beta2, 1e-8});
+  data::BatchSampler sampler(data::read_token_file(config.dataset + "/train.bin"), config.batch_size, config.block_size,
+                             static_cast<uint64_t>(config.seed));
+  StepOptions step;
+  step.gradient_accumulation_steps = config.gradient_accumulation_steps;
+  step.grad_clip = config.grad_clip;
+  step.autocast_bf16 = bf16;
+  step.device = device;
+  model->train();
+  std::vector<double> ms;
+  for (int64_t i = 0; i < options.warmup + options.iters; ++i) {
+    const auto t0 = Clock::now();
+    auto loss = train_step(model, optimizer, [&] { return sampler.next(device); }, config.learning_rate, step);
+    r.final_loss = loss.item<double>() / static_cast<double>(config.gradient_accumulation_steps);  // syncs
+    if (i >= options.warmup) ms.push_back(seconds_since(t0) * 1000.0);
+  }
+  if (!ms.empty()) {
+    r.step_ms_mean = std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());
+    r.step_ms_min = *std::min_element(ms.begin(), ms.end());
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    r.step_ms_median = ms[ms.size() / 2];
+    const double tokens = static_cast<double>(BT * config.gradient_accumulation_steps);
+    r.tokens_per_sec = tokens / (r.step_ms_median / 1000.0);
+    r.mfu = model->flops_per_token() * r.tokens_per_sec / (r.peak_gflops * 1e9);
+  }
+
+  if (options.sample_tokens > 0) {
+    r.sample_tok_s_cache = sample_rate(model, 1, options.sample_tokens, true);
+    r.sample_tok_s_nocache = sample_rate(model, 1, options.sample_tokens, false);
+    r.sample_batch = options.sample_batch;
+    r.sample_tok_s_batch = sample_rate(model, options.sample_batch, options.sample_tokens, true);
+  }
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  r.peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
+  return r;
+}
+
+std::string BenchReport::table() const {
+  std::ostringstream o;
+  char line[256];
+  o << "[bench] LibTorch " << torch_version << " | device " << device << " | threads " << threads << "\n";
+  o << "[bench] model " << config_summary << " | dtype " << dtype << "\n";
+  o << "  GEMM                         dtype        m      k      n    GFLOP/s\n";
+  for (const auto& g : gemm) {
+    std::snprintf(line, sizeof line, "  %-28s %-9s %6lld %6lld %6lld %10.1f\n", g.shape.c_str(), g.dtype.c_str(),
+                  static_cast<long long>(g.m), static_cast<long long>(g.k), static_cast<long long>(g.n), g.gflops);
+    o << line;
+  }
+  std::snprintf(line, sizeof line,
+                "  train step: median %.2f ms (min %.2f, mean %.2f) | %.0f tok/s | MFU %.1f%% of %.0f GFLOP/s | loss %.4f\n",
+                step_ms_median, step_ms_min, step_ms_mean, tokens_per_sec, 100.0 * mfu, peak_gflops, final_loss);
+  o << line;
+  if (sample_batch > 0) {
+    std::snprintf(line, sizeof line, "  sampling: %.0f tok/s with KV cache | %.0f tok/s without | %.0f tok/s batch of %lld\n",
+                  sample_tok_s_cache, sample_tok_s_nocache, sample_tok_s_batch, static_cast<long long>(sample_batch));
+    o << line;
+  }
+  std::snprintf(line, sizeof line, "  peak RSS: %.0f MB\n", peak_rss_mb);
+  o << line;
+  return o.str();
+}
+
+std::string BenchReport::json() const {
+  std::ostringstream o;
+  o.precision(6);
+  o << "{\n  \"torch_version\": \"" << torch_version << "\", \"device\": \"" << device << "\", \"threads\": " << threads
+    << ", \"dtype\": \"" << dtype << "\",\n  \"model\": \"" << config_summary << "\",\n  \"gemm\": [";
+  for (size_t i = 0; i < gemm.size(); ++i)
+    o << (i ? "," : "") << "\n    {\"shape\": \"" << gemm[i].shape << "\", \"dtype\": \"" << gemm[i].dtype << "\", \"m\": "
+      << gemm[i].m << ", \"k\": " << gemm[i].k << ", \"n\": " << gemm[i].n << ", \"gflops\": " << gemm[i].gflops << "}";
+  o << "\n  ],\n  \"peak_gflops\": " << peak_gflops << ",\n  \"train\": {\"median_ms\": " << step_ms_median
+    << ", \"min_ms\": " << step_ms_min << ", \"mean_ms\": " << step_ms_mean << ", \"tokens_per_sec\": " << tokens_per_sec
+    << ", \"mfu\": " << mfu << ", \"final_loss\": " << final_loss << "},\n  \"sample\": {\"tok_s_kv_cache\": "
+    << sample_tok_s_cache << ", \"tok_s_no_cache\": " << sample_tok_s_nocache << ", \"tok_s_batch\": " << sample_tok_s_batch
+    << ", \"batch\": " << sample_batch << "},\n  \"peak_rss_mb\": " << peak_rss_mb << "\n}\n";
+  return o.str();
+}
+
+}  // namespace nanogpt::train

@@ -1,0 +1,29 @@
+// One optimizer step (see step.h).
+#include "train/step.h"
+
+#include "model/backend.h"
+
+namespace nanogpt::train {
+
+torch::Tensor train_step(model::GPT& model, FlatAdamW& optimizer,
+                         const std::function<std::pair<torch::Tensor, torch::Tensor>()>& next_batch, double lr,
+                         const StepOptions& options) {
+  torch::Tensor loss_sum;
+  const double scale = 1.0 / static_cast<double>(options.gradient_accumulation_steps);
+  for (int64_t micro = 0; micro < options.gradient_accumulation_steps; ++micro) {
+    auto [x, y] = next_batch();  // (B, T) each
+    torch::Tensor loss;
+    {
+      model::backend::AutocastGuard autocast(options.device, torch::kBFloat16, options.autocast_bf16);
+      loss = model->forward(x, y).second;
+    }
+    (loss * scale).backward();
+    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+  }
+  if (options.grad_clip > 0.0) optimizer.clip_grad_norm(options.grad_clip);
+  optimizer.step(lr);
+  optimizer.zero_grad();
+  return loss_sum;
+}
+
+}  // namespace nanogpt::train

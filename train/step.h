@@ -1,0 +1,28 @@
+// One optimizer step, shared by the training loop and the benchmark: gradient accumulation over
+// micro-batches (under bf16 autocast when asked), global-norm clipping, AdamW, zeroed gradients.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <utility>
+
+#include "model/gpt.h"
+#include "train/adamw.h"
+
+namespace nanogpt::train {
+
+struct StepOptions {
+  int64_t gradient_accumulation_steps = 1;
+  double grad_clip = 1.0;  // 0 = off
+  bool autocast_bf16 = false;
+  torch::Device device = torch::kCPU;
+};
+
+/// Runs one step at learning rate `lr`, drawing each micro-batch (x, y) from `next_batch`.
+/// Returns the sum of the micro-batch losses as a 0-d tensor (no host sync).
+torch::Tensor train_step(model::GPT& model, FlatAdamW& optimizer,
+                         const std::function<std::pair<torch::Tensor, torch::Tensor>()>& next_batch, double lr,
+                         const StepOptions& options);
+
+}  // namespace nanogpt::train
