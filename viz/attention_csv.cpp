@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "viz/output_file.h"
+#include "data/atomic_file.h"
 
 namespace nanogpt::viz {
 namespace {
@@ -48,7 +48,7 @@ void write_attention_csv(const std::vector<AttentionPanel>& panels, const std::v
       }
     }
   }
-  write_file_atomically(csv_path, csv);
+  data::write_bytes_atomically(csv_path, csv, "viz");
 }
 
 }  // namespace nanogpt::viz
