@@ -68,14 +68,15 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   const int64_t kv_width = n_kv_head_ * head_size_;
   auto w = torch::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // (C + 2 kv, C)
   auto b = q_proj->bias.defined() ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : torch::Tensor();
-  auto qkv = torch::nn::functional::linear(x, w, b).split_with_sizes({C, kv_width, kv_width}, -1);  // (B, T, ·) each
-  auto q = qkv[0].view({B, T, n_head_, head_size_}).transpose(1, 2);     // (B, nh, T, hs)
-  auto k = qkv[1].view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
-  auto v = qkv[2].view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
-  if (ctx.rope) {
-    q = ctx.rope->apply(q, ctx.start_pos);
-    k = ctx.rope->apply(k, ctx.start_pos);
-  }
+  // split (not narrow): its backward is one concatenation instead of a zero-filled full-size
+  // gradient per slice.
+  auto qkv = torch::nn::functional::linear(x, w, b).split_with_sizes({C + kv_width, kv_width}, -1);  // (B, T, ·)
+  auto qk = qkv[0].view({B, T, n_head_ + n_kv_head_, head_size_});  // (B, T, nh + nkv, hs)
+  if (ctx.rope) qk = ctx.rope->apply(qk, ctx.start_pos);          // q and k rotated together
+  auto q_k = qk.split_with_sizes({n_head_, n_kv_head_}, 2);
+  auto q = q_k[0].transpose(1, 2);                                             // (B, nh, T, hs)
+  auto k = q_k[1].transpose(1, 2);                                             // (B, nkv, T, hs)
+  auto v = qkv[1].view({B, T, n_kv_head_, head_size_}).transpose(1, 2);        // (B, nkv, T, hs)
   if (ctx.k_cache) {  // append this step's keys/values to the cache and attend over all of them
     if (ctx.k_cache->defined()) {
       k = torch::cat({*ctx.k_cache, k}, 2);  // (B, nkv, Tk, hs)

@@ -17,21 +17,22 @@ Rope::Rope(int64_t block_size, int64_t head_size, double base) : half_(head_size
   auto i = torch::arange(half_, torch::kDouble);                                          // (hs/2,)
   auto theta = torch::pow(base, -2.0 * i / static_cast<double>(head_size));              // (hs/2,)
   auto angle = torch::arange(block_size, torch::kDouble).unsqueeze(1) * theta;           // (T, hs/2)
-  cos_ = angle.cos().to(torch::kFloat);
-  sin_ = angle.sin().to(torch::kFloat);
+  auto cos = angle.cos(), sin = angle.sin();                                             // (T, hs/2)
+  cos2_ = torch::cat({cos, cos}, -1).to(torch::kFloat).unsqueeze(1);                    // (T, 1, hs)
+  sin2_ = torch::cat({-sin, sin}, -1).to(torch::kFloat).unsqueeze(1);                   // (T, 1, hs)
 }
 
 torch::Tensor Rope::apply(const torch::Tensor& x, int64_t start_pos) {
-  if (cos_.device() != x.device()) {
-    cos_ = cos_.to(x.device());
-    sin_ = sin_.to(x.device());
+  if (!cos2_cast_.defined() || cos2_cast_.scalar_type() != x.scalar_type() || cos2_cast_.device() != x.device()) {
+    cos2_cast_ = cos2_.to(x.device(), x.scalar_type());
+    sin2_cast_ = sin2_.to(x.device(), x.scalar_type());
   }
-  const int64_t T = x.size(2);
-  auto cos = cos_.narrow(0, start_pos, T).to(x.scalar_type());  // (T, hs/2)
-  auto sin = sin_.narrow(0, start_pos, T).to(x.scalar_type());
-  auto x1 = x.narrow(-1, 0, half_);      // (B, nh, T, hs/2)
-  auto x2 = x.narrow(-1, half_, half_);  // (B, nh, T, hs/2)
-  return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);  // (B, nh, T, hs)
+  const int64_t T = x.size(1);
+  auto cos = cos2_cast_.narrow(0, start_pos, T);  // (T, 1, hs)
+  auto sin = sin2_cast_.narrow(0, start_pos, T);
+  auto halves = x.chunk(2, -1);                                 // x1, x2: (B, T, H, hs/2) each
+  auto rotated = torch::cat({halves[1], halves[0]}, -1);        // (B, T, H, hs): [x2, x1]
+  return torch::addcmul(x * cos, rotated, sin);  // [x1 cos - x2 sin, x2 cos + x1 sin]
 }
 
 }  // namespace nanogpt::model

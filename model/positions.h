@@ -22,11 +22,15 @@ class Rope {
  public:
   Rope(int64_t block_size, int64_t head_size, double base);
 
-  /// Rotates x (B, nh, T, hs) as positions start_pos .. start_pos + T - 1. Same shape and dtype.
+  /// Rotates x (B, T, H, hs) as positions start_pos .. start_pos + T - 1 (any number of heads H,
+  /// so q and k can be rotated in one call). Same shape and dtype; the result is contiguous.
   torch::Tensor apply(const torch::Tensor& x, int64_t start_pos);
 
  private:
-  torch::Tensor cos_, sin_;  // (block_size, hs/2)
+  // out = x * cos2 + rotate_half(x) * sin2, with rotate_half(x) = [x2, x1] and the tables laid out
+  // for the whole head: cos2 = [cos, cos], sin2 = [-sin, sin]. Three kernels instead of seven.
+  torch::Tensor cos2_, sin2_;  // (block_size, 1, hs): broadcast over heads, fp32
+  torch::Tensor cos2_cast_, sin2_cast_;  // the same in the dtype/device last asked for
   int64_t half_;
 };
 

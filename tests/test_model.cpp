@@ -146,7 +146,7 @@ TEST(Positions, RopePreservesNormsAndDependsOnlyOnRelativeOffset) {
 
 TEST(Positions, RopeUsesSplitHalvesConvention) {
   Rope rope(16, 4, 100.0);
-  auto x = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f}).view({1, 1, 1, 4});
+  auto x = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f}).view({1, 1, 1, 4});  // (B, T, H, hs)
   auto y = rope.apply(x, 3);
   // Pairs are (x0, x2) with θ0 = 1 and (x1, x3) with θ1 = 100^(-1/2) = 0.1, at position 3.
   const double a0 = 3.0, a1 = 0.3;

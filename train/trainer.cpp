@@ -99,7 +99,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     throw std::runtime_error("[train] dataset '" + config_.dataset + "' has no input.txt (set dataset: to a folder holding input.txt)");
   bool prepared = false;
   auto meta = data::ensure_prepared(prep, &prepared);
-  if (prepared) log_->info("[data] prepared {}: {}", config_.dataset, data::summary_line(meta));
+  if (prepared) log_->info("{} (prepared from {}/input.txt)", data::summary_line(meta), config_.dataset);
   vocab_ = meta.vocab;
   if (resume && !(resume_meta.vocab == vocab_))
     throw std::runtime_error("[train] the checkpoint's vocabulary (" + std::to_string(resume_meta.vocab.size()) +
