@@ -61,13 +61,32 @@ torch::Tensor CausalSelfAttentionImpl::math_attention(const torch::Tensor& q, co
   return att.matmul(v);  // (B, nh, T, hs)
 }
 
+std::pair<torch::Tensor, torch::Tensor> CausalSelfAttentionImpl::qkv_weights() {
+  auto concat = [this] {
+    auto w = torch::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // (C + 2 kv, C)
+    auto b = q_proj->bias.defined() ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : torch::Tensor();
+    return std::make_pair(w, b);
+  };
+  if (torch::GradMode::is_enabled()) return concat();  // training: gradients must flow to each weight
+  // Inference (sampling: one token at a time) reuses the concatenation while the weights are
+  // unchanged; in-place updates bump their version counters, reloading changes their storage.
+  const int64_t version = q_proj->weight._version() + k_proj->weight._version() + v_proj->weight._version();
+  const void* storage = q_proj->weight.data_ptr();
+  if (!qkv_cache_.first.defined() || version != qkv_cache_version_ || storage != qkv_cache_storage_ ||
+      qkv_cache_.first.device() != q_proj->weight.device()) {
+    qkv_cache_ = concat();
+    qkv_cache_version_ = version;
+    qkv_cache_storage_ = storage;
+  }
+  return qkv_cache_;
+}
+
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const AttentionContext& ctx) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   // Q, K and V are three projections; computing them as one GEMM over the concatenated weights
   // is the same arithmetic with one kernel (and one bf16 cast of x under autocast) instead of three.
   const int64_t kv_width = n_kv_head_ * head_size_;
-  auto w = torch::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // (C + 2 kv, C)
-  auto b = q_proj->bias.defined() ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : torch::Tensor();
+  auto [w, b] = qkv_weights();  // (C + 2 kv, C), (C + 2 kv) or undefined
   // split (not narrow): its backward is one concatenation instead of a zero-filled full-size
   // gradient per slice.
   auto qkv = torch::nn::functional::linear(x, w, b).split_with_sizes({C + kv_width, kv_width}, -1);  // (B, T, ·)

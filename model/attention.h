@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <utility>
+
 #include "model/config.h"
 #include "model/dropout.h"
 #include "model/positions.h"
@@ -37,6 +39,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                int64_t start_pos, torch::Tensor* weights_out);
   torch::Tensor causal_mask(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device);  // (T, Tk) bool
+  std::pair<torch::Tensor, torch::Tensor> qkv_weights();  // [W_q; W_k; W_v] and the biases, or undefined
   torch::Tensor causal_bias(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device);  // (T, Tk) 0 / -inf
 
   int64_t n_head_, n_kv_head_, head_size_, block_size_;
@@ -45,6 +48,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
   torch::Tensor mask_;  // (block_size, block_size) bool, true above the diagonal; cached, not a buffer
   torch::Tensor bias_;  // the same as an additive fp32 bias (0 / -inf); cached, not a buffer
+  std::pair<torch::Tensor, torch::Tensor> qkv_cache_;  // inference only; not a buffer
+  int64_t qkv_cache_version_ = -1;
+  const void* qkv_cache_storage_ = nullptr;
 };
 TORCH_MODULE(CausalSelfAttention);
 

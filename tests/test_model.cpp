@@ -341,3 +341,15 @@ TEST(Dropout, GradientIsTheMask) {
   auto bf = nanogpt::model::fast_dropout(torch::ones({100}, torch::kBFloat16), 0.5, true);
   EXPECT_EQ(bf.scalar_type(), torch::kBFloat16);
 }
+
+TEST(Attention, InferenceCacheOfFusedWeightsFollowsWeightUpdates) {
+  torch::manual_seed(12);
+  CausalSelfAttention attn(tiny());
+  auto x = torch::randn({1, 4, 16});
+  torch::NoGradGuard no_grad;
+  auto before = attn(x, AttentionContext{});
+  attn->k_proj->weight.mul_(0.5);  // an in-place update, as the optimizer makes
+  auto after = attn(x, AttentionContext{});
+  EXPECT_FALSE(torch::allclose(before, after));
+  EXPECT_TRUE(torch::allclose(after, naive_attention(*attn, x, 4, 4), 1e-5, 1e-6));
+}
