@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "model/backend.h"
+#include "model/linear.h"
 
 namespace nanogpt::model {
 
@@ -51,7 +52,8 @@ torch::Tensor CausalSelfAttentionImpl::math_attention(const torch::Tensor& q, co
   if (T > 1) {
     // mask + scale * Q Kᵀ in one kernel: the causal mask is an additive 0 / -inf bias, so hidden
     // keys get exactly zero weight after the softmax.
-    att = torch::baddbmm(causal_bias(start_pos, T, Tk, q.device()), q3, kt, /*beta=*/1.0, /*alpha=*/scale);
+    auto bias = causal_bias(start_pos, T, Tk, q.device()).to(q.scalar_type());  // bf16 when the model runs in bf16
+    att = torch::baddbmm(bias, q3, kt, /*beta=*/1.0, /*alpha=*/scale);
   } else {  // one new query sees every cached key: nothing to mask
     att = torch::bmm(q3, kt) * scale;
   }
@@ -89,7 +91,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   auto [w, b] = qkv_weights();  // (C + 2 kv, C), (C + 2 kv) or undefined
   // split (not narrow): its backward is one concatenation instead of a zero-filled full-size
   // gradient per slice.
-  auto qkv = torch::nn::functional::linear(x, w, b).split_with_sizes({C + kv_width, kv_width}, -1);  // (B, T, ·)
+  auto qkv = dense(x, w, b).split_with_sizes({C + kv_width, kv_width}, -1);  // (B, T, ·)
   auto qk = qkv[0].view({B, T, n_head_ + n_kv_head_, head_size_});  // (B, T, nh + nkv, hs)
   if (ctx.rope) qk = ctx.rope->apply(qk, ctx.start_pos);          // q and k rotated together
   auto q_k = qk.split_with_sizes({n_head_, n_kv_head_}, 2);
@@ -118,7 +120,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
     y = math_attention(q, k, v, ctx.start_pos, ctx.weights);  // (B, nh, T, hs)
   }
   y = y.transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C): heads side by side
-  return resid_dropout(c_proj(y));
+  return resid_dropout(dense(y, c_proj->weight, c_proj->bias));
 }
 
 }  // namespace nanogpt::model

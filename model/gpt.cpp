@@ -1,6 +1,8 @@
 // GPT (see gpt.h): embeddings -> blocks -> ln_f -> tied head.
 #include "model/gpt.h"
 
+#include "model/linear.h"
+
 #include <cmath>
 #include <stdexcept>
 
@@ -54,7 +56,7 @@ torch::Tensor GPTImpl::embed(const torch::Tensor& idx, int64_t start_pos) {
     x = x + wpe(pos);  // (B, T, C) + (T, C)
   } else if (sinusoid_.defined()) {
     if (sinusoid_.device() != idx.device()) sinusoid_ = sinusoid_.to(idx.device());
-    x = x + sinusoid_.narrow(0, start_pos, T);  // (B, T, C) + (T, C)
+    x = x + sinusoid_.narrow(0, start_pos, T).to(x.scalar_type());  // (B, T, C) + (T, C)
   }
   return drop(x);
 }
@@ -76,7 +78,7 @@ torch::Tensor GPTImpl::run_blocks(torch::Tensor x, int64_t start_pos, KVCache* c
 }
 
 torch::Tensor GPTImpl::head(const torch::Tensor& x) {
-  return torch::nn::functional::linear(x, wte->weight);  // (B, T, V): weight tying
+  return dense(x, wte->weight);  // (B, T, V): weight tying
 }
 
 std::pair<torch::Tensor, torch::Tensor> GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {

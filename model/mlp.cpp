@@ -1,6 +1,8 @@
 // MLP (see mlp.h).
 #include "model/mlp.h"
 
+#include "model/linear.h"
+
 namespace nanogpt::model {
 
 MLPImpl::MLPImpl(const ModelConfig& config) {
@@ -11,7 +13,8 @@ MLPImpl::MLPImpl(const ModelConfig& config) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return dropout(c_proj(torch::gelu(c_fc(x))));  // (B, T, 4C) inside, exact (erf) GELU like nanoGPT
+  auto h = torch::gelu(dense(x, c_fc->weight, c_fc->bias));  // (B, T, 4C), exact (erf) GELU like nanoGPT
+  return dropout(dense(h, c_proj->weight, c_proj->bias));    // (B, T, C)
 }
 
 }  // namespace nanogpt::model
