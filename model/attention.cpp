@@ -64,23 +64,11 @@ torch::Tensor CausalSelfAttentionImpl::math_attention(const torch::Tensor& q, co
 }
 
 std::pair<torch::Tensor, torch::Tensor> CausalSelfAttentionImpl::qkv_weights() {
-  auto concat = [this] {
-    auto w = torch::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // (C + 2 kv, C)
-    auto b = q_proj->bias.defined() ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : torch::Tensor();
-    return std::make_pair(w, b);
-  };
-  if (torch::GradMode::is_enabled()) return concat();  // training: gradients must flow to each weight
-  // Inference (sampling: one token at a time) reuses the concatenation while the weights are
-  // unchanged; in-place updates bump their version counters, reloading changes their storage.
-  const int64_t version = q_proj->weight._version() + k_proj->weight._version() + v_proj->weight._version();
-  const void* storage = q_proj->weight.data_ptr();
-  if (!qkv_cache_.first.defined() || version != qkv_cache_version_ || storage != qkv_cache_storage_ ||
-      qkv_cache_.first.device() != q_proj->weight.device()) {
-    qkv_cache_ = concat();
-    qkv_cache_version_ = version;
-    qkv_cache_storage_ = storage;
-  }
-  return qkv_cache_;
+  // Concatenated at every call: a cached copy would go stale when the optimizer updates the
+  // weights in place through its flat buffer (which does not bump the parameters' versions).
+  auto w = torch::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // (C + 2 kv, C)
+  auto b = q_proj->bias.defined() ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : torch::Tensor();
+  return {w, b};
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const AttentionContext& ctx) {

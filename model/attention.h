@@ -48,9 +48,6 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
   torch::Tensor mask_;  // (block_size, block_size) bool, true above the diagonal; cached, not a buffer
   torch::Tensor bias_;  // the same as an additive fp32 bias (0 / -inf); cached, not a buffer
-  std::pair<torch::Tensor, torch::Tensor> qkv_cache_;  // inference only; not a buffer
-  int64_t qkv_cache_version_ = -1;
-  const void* qkv_cache_storage_ = nullptr;
 };
 TORCH_MODULE(CausalSelfAttention);
 

@@ -342,7 +342,7 @@ TEST(Dropout, GradientIsTheMask) {
   EXPECT_EQ(bf.scalar_type(), torch::kBFloat16);
 }
 
-TEST(Attention, InferenceCacheOfFusedWeightsFollowsWeightUpdates) {
+TEST(Attention, FollowsInPlaceWeightUpdatesWithoutGrad) {
   torch::manual_seed(12);
   CausalSelfAttention attn(tiny());
   auto x = torch::randn({1, 4, 16});

@@ -85,6 +85,35 @@ TEST(AdamW, ClipsTheGlobalNorm) {
   EXPECT_NEAR(after, 1.0, 1e-5);
 }
 
+TEST(AdamW, NoGradForwardSeesTheUpdatedWeights) {
+  // Regression: evaluation (NoGrad) once used a fused-weight cache keyed on parameter versions,
+  // which the flat optimizer's in-place updates do not bump; eval losses went stale.
+  torch::manual_seed(0);
+  model::ModelConfig c;
+  c.vocab_size = 11;
+  c.block_size = 8;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 8;
+  model::GPT gpt(c);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (auto& p : gpt->named_parameters()) named.emplace_back(p.key(), p.value());
+  train::FlatAdamW opt(named, {});
+  auto x = torch::randint(11, {2, 8}), y = torch::randint(11, {2, 8});
+  for (int step = 0; step < 3; ++step) {
+    {
+      torch::NoGradGuard no_grad;
+      gpt->forward(x, y);  // an evaluation between steps
+    }
+    gpt->forward(x, y).second.backward();
+    opt.step(1e-2);
+    opt.zero_grad();
+  }
+  const double with_grad = gpt->forward(x, y).second.item<double>();
+  torch::NoGradGuard no_grad;
+  EXPECT_DOUBLE_EQ(gpt->forward(x, y).second.item<double>(), with_grad);
+}
+
 TEST(Train, LossFallsOnATinyRun) {
   TempDir dir("loss_falls");
   auto c = tiny_config(dir.path);
