@@ -86,13 +86,18 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   auto q = q_k[0].transpose(1, 2);                                             // (B, nh, T, hs)
   auto k = q_k[1].transpose(1, 2);                                             // (B, nkv, T, hs)
   auto v = qkv[1].view({B, T, n_kv_head_, head_size_}).transpose(1, 2);        // (B, nkv, T, hs)
-  if (ctx.k_cache) {  // append this step's keys/values to the cache and attend over all of them
-    if (ctx.k_cache->defined()) {
-      k = torch::cat({*ctx.k_cache, k}, 2);  // (B, nkv, Tk, hs)
-      v = torch::cat({*ctx.v_cache, v}, 2);
+  if (ctx.k_cache) {  // write this step's keys/values into the cache and attend over all of them
+    const int64_t end = ctx.start_pos + T;
+    for (auto [cache, fresh] : {std::pair<torch::Tensor*, torch::Tensor*>{ctx.k_cache, &k}, {ctx.v_cache, &v}}) {
+      if (!cache->defined() || cache->size(0) != B || cache->scalar_type() != fresh->scalar_type() ||
+          cache->device() != fresh->device()) {
+        auto buffer = torch::empty({B, n_kv_head_, block_size_, head_size_}, fresh->options());  // (B, nkv, block, hs)
+        if (ctx.start_pos > 0) buffer.narrow(2, 0, ctx.start_pos).copy_(cache->narrow(2, 0, ctx.start_pos));
+        *cache = buffer;
+      }
+      cache->narrow(2, ctx.start_pos, T).copy_(*fresh);
+      *fresh = cache->narrow(2, 0, end);  // (B, nkv, Tk, hs)
     }
-    *ctx.k_cache = k;
-    *ctx.v_cache = v;
   }
   if (n_kv_head_ != n_head_) {  // each kv head serves n_head / n_kv_head consecutive query heads
     k = k.repeat_interleave(n_head_ / n_kv_head_, 1);  // (B, nh, Tk, hs)

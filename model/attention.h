@@ -18,7 +18,7 @@ namespace nanogpt::model {
 struct AttentionContext {
   int64_t start_pos = 0;             // absolute position of x's first token
   Rope* rope = nullptr;              // rotary tables when pos_encoding == rope
-  torch::Tensor* k_cache = nullptr;  // (B, nkv, T_cached, hs), grown in place; nullptr = no cache
+  torch::Tensor* k_cache = nullptr;  // (B, nkv, block_size, hs) buffer, filled at start_pos; nullptr = no cache
   torch::Tensor* v_cache = nullptr;
   torch::Tensor* weights = nullptr;  // receives (B, nh, T, Tk) softmax weights (forces the math path)
 };

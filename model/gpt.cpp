@@ -117,6 +117,7 @@ torch::Tensor GPTImpl::forward_cached(const torch::Tensor& idx_new, KVCache& cac
   if (cache.k.size() != h->size()) cache = make_cache();
   const int64_t start = cache.length();
   auto x = run_blocks(embed(idx_new, start), start, &cache, nullptr);  // (B, T_new, C)
+  cache.len = start + idx_new.size(1);
   auto last = x.select(1, x.size(1) - 1);                               // (B, C)
   return head(last);                                                     // (B, V)
 }

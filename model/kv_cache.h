@@ -1,5 +1,7 @@
 // KVCache: the keys and values of every layer for the tokens seen so far, so that generating one
-// more token costs one position's work instead of re-running the whole context.
+// more token costs one position's work instead of re-running the whole context. Buffers are
+// allocated once for block_size positions and filled in place: appending a token copies one
+// position, not the whole cache.
 #pragma once
 
 #include <torch/torch.h>
@@ -9,14 +11,13 @@
 namespace nanogpt::model {
 
 struct KVCache {
-  std::vector<torch::Tensor> k;  // per layer (B, nkv, T_cached, hs), undefined while empty
-  std::vector<torch::Tensor> v;  // per layer (B, nkv, T_cached, hs)
+  std::vector<torch::Tensor> k;  // per layer (B, nkv, block_size, hs), undefined until first use
+  std::vector<torch::Tensor> v;  // per layer (B, nkv, block_size, hs)
+  int64_t len = 0;               // positions filled, the same in every layer
 
-  int64_t length() const { return k.empty() || !k[0].defined() ? 0 : k[0].size(2); }
-  void clear() {
-    for (auto& t : k) t = torch::Tensor();
-    for (auto& t : v) t = torch::Tensor();
-  }
+  int64_t length() const { return len; }
+  /// Forgets the contents; the buffers are kept for reuse.
+  void clear() { len = 0; }
 };
 
 }  // namespace nanogpt::model
