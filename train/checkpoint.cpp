@@ -21,6 +21,7 @@
 #include "data/atomic_file.h"
 #include "data/utf8.h"
 #include "train/adamw.h"
+#include "train/archive_check.h"
 
 namespace nanogpt::train {
 namespace {
@@ -77,6 +78,7 @@ uint64_t check_file(const std::string& path) {
 uint64_t open_archive(const std::string& path, InputArchive& archive) {
   const uint64_t size = check_file(path);
   try {
+    check_torch_archive(path);  // what LibTorch would trust blindly (see archive_check.h)
     archive.load_from(path, torch::kCPU);
   } catch (const std::exception& e) {
     throw ckpt_error(path, "cannot be read, truncated or damaged? (" + first_line(e.what()) + ")");

@@ -57,8 +57,25 @@ const std::array kKeys = {
 };
 #undef KEY
 
+// A quoted key or value may hold a newline or an escape sequence ("max_iters: |" block scalars
+// too); errors echo them, so control characters are written as \xNN to keep the error one line.
+std::string escape_controls(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::invalid_argument("[config] " + where + ": " + what);
+  throw std::invalid_argument("[config] " + escape_controls(where + ": " + what));
 }
 
 std::string line_suffix(const YAML::Mark& mark) {
@@ -292,7 +309,7 @@ std::vector<std::string> config_keys() {
 void TrainConfig::validate() const {
   // Each rule is written as what must hold, so NaN (never parsed, but settable in code) fails too.
   auto check = [](bool ok, const std::string& key, const std::string& value, const std::string& rule) {
-    if (!ok) throw std::invalid_argument("[config] " + key + " (" + value + ") " + rule);
+    if (!ok) throw std::invalid_argument("[config] " + escape_controls(key + " (" + value + ") " + rule));
   };
   const auto i = [](int64_t v) { return std::to_string(v); };
   const auto d = format_double;
