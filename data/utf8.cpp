@@ -134,4 +134,19 @@ std::string describe_char(char32_t cp) {
   return "'" + shown + "' (" + code + ")";
 }
 
+std::string escape_controls(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace nanogpt::data

@@ -18,6 +18,10 @@ void append_utf8(std::string& out, char32_t cp);
 /// Encodes code points to UTF-8.
 std::string encode_utf8(std::u32string_view cps);
 
+/// `text` with control characters (< 0x20, 0x7f) written as \xNN, so an error message that quotes
+/// file contents stays on one line.
+std::string escape_controls(std::string_view text);
+
 /// Human-readable name of a code point for error messages: 'x' (U+0078).
 std::string describe_char(char32_t cp);
 

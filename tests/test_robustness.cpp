@@ -23,6 +23,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace nanogpt;
@@ -335,5 +336,39 @@ TEST(ConfigErrors, NewlinesInKeysAndValuesAreEscaped) {
     ADD_FAILURE() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+  }
+}
+
+// fuzz_config: yaml-cpp's LoadAll never returned on a stray ',' (memory grew until the OOM killer).
+TEST(ConfigErrors, StrayCommaIsAnErrorNotAHang) {
+  for (const std::string yaml : {",", ", a", "# comment\n,", "max_iters: 5\n---\n,"}) {
+    SCOPED_TRACE(yaml);
+    try {
+      train::parse_config(yaml, "cfg.yaml");
+      ADD_FAILURE() << "expected an error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("[config] cfg.yaml: ", 0), 0u) << e.what();
+    }
+  }
+}
+
+// fuzz_safetensors: names and JSON errors from the header were echoed with raw newlines.
+TEST(SafeTensorsErrors, NewlinesFromTheHeaderAreEscaped) {
+  TempDir dir;
+  const auto file_with_header = [](std::string header) {
+    header.append((8 - header.size() % 8) % 8, ' ');
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(uint64_t(header.size()) >> (8 * i));
+    return out + header;
+  };
+  const std::vector<std::string> headers = {R"({"a\nb":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})",
+                                            "{\"x\":\"\\\n\"}"};  // a JSON \n escape; a raw newline after '\'
+  for (const std::string& header : headers) {
+    SCOPED_TRACE(header);
+    spit(dir / "bad.safetensors", file_with_header(header));
+    const std::string message = error_of([&] { train::read_safetensors(dir / "bad.safetensors"); });
+    EXPECT_EQ(message.rfind("[export] ", 0), 0u) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_NE(message.find("\\x0a"), std::string::npos) << message;
   }
 }

@@ -6,7 +6,10 @@
 // (not yes/no/on/off); strings take the scalar as written. An empty document means all defaults.
 #include "train/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
+
+#include "data/utf8.h"
 
 #include <algorithm>
 #include <array>
@@ -57,25 +60,9 @@ const std::array kKeys = {
 };
 #undef KEY
 
-// A quoted key or value may hold a newline or an escape sequence ("max_iters: |" block scalars
-// too); errors echo them, so control characters are written as \xNN to keep the error one line.
-std::string escape_controls(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", u);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw std::invalid_argument("[config] " + escape_controls(where + ": " + what));
+  throw std::invalid_argument("[config] " + data::escape_controls(where + ": " + what));
 }
 
 std::string line_suffix(const YAML::Mark& mark) {
@@ -224,16 +211,49 @@ std::string quote_if_needed(const std::string& s) {
   return out + "\"";
 }
 
+// Counts the documents of a YAML text. Not with YAML::LoadAll: in yaml-cpp 0.7 it never returns on
+// a document that starts with a stray ',' (e.g. a config holding just ","): each parser call yields
+// the same empty document without consuming input, and the list of documents grows until memory
+// runs out. A document that starts where the previous one did is that case.
+size_t count_documents(const std::string& yaml_text, const std::string& source) {
+  struct DocumentStarts : YAML::EventHandler {
+    YAML::Mark start;
+    void OnDocumentStart(const YAML::Mark& mark) override { start = mark; }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  };
+  std::istringstream in(yaml_text);
+  YAML::Parser parser(in);
+  DocumentStarts starts;
+  size_t count = 0;
+  int previous = -1;
+  while (parser.HandleNextDocument(starts)) {
+    if (starts.start.pos == previous)
+      fail(source, "cannot parse past line " + std::to_string(starts.start.line + 1) + ", column " +
+                       std::to_string(starts.start.column + 1) + " (a stray ',' outside [ ] or { }?)");
+    previous = starts.start.pos;
+    ++count;
+  }
+  return count;
+}
+
 }  // namespace
 
 TrainConfig parse_config(const std::string& yaml_text, const std::string& source) {
   TrainConfig config;
   try {
-    const std::vector<YAML::Node> documents = YAML::LoadAll(yaml_text);
-    if (documents.size() > 1)
-      fail(source, "holds " + std::to_string(documents.size()) + " YAML documents; a config is one mapping of key: value");
-    if (documents.empty() || documents[0].IsNull()) return config;  // empty document: all defaults
-    const YAML::Node& root = documents[0];
+    const size_t documents = count_documents(yaml_text, source);
+    if (documents > 1)
+      fail(source, "holds " + std::to_string(documents) + " YAML documents; a config is one mapping of key: value");
+    if (documents == 0) return config;  // empty text (or only comments): all defaults
+    const YAML::Node root = YAML::Load(yaml_text);
+    if (root.IsNull()) return config;  // empty document: all defaults
     if (!root.IsMap())
       fail(source, std::string("expected a mapping of key: value at the top level, got ") + node_kind(root) +
                        line_suffix(root.Mark()));
@@ -309,7 +329,7 @@ std::vector<std::string> config_keys() {
 void TrainConfig::validate() const {
   // Each rule is written as what must hold, so NaN (never parsed, but settable in code) fails too.
   auto check = [](bool ok, const std::string& key, const std::string& value, const std::string& rule) {
-    if (!ok) throw std::invalid_argument("[config] " + escape_controls(key + " (" + value + ") " + rule));
+    if (!ok) throw std::invalid_argument("[config] " + data::escape_controls(key + " (" + value + ") " + rule));
   };
   const auto i = [](int64_t v) { return std::to_string(v); };
   const auto d = format_double;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -52,6 +53,7 @@ bool is_utf8(const std::string& s) {
     return false;
   }
 }
+
 
 std::string header_json(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                         const std::map<std::string, std::string>& metadata) {
@@ -124,7 +126,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 
 SafeTensors read_safetensors(const std::string& path) {
   auto fail = [&](const std::string& what) -> void {
-    throw std::runtime_error("[export] '" + path + "': " + what);
+    throw std::runtime_error(data::escape_controls("[export] '" + path + "': " + what));
   };
   const std::string bytes = data::read_file(path, "export");
   if (bytes.size() < 8)
