@@ -7,6 +7,7 @@
 //   optimizer/{step, exp_avg.decay, exp_avg_sq.decay, exp_avg.no_decay, exp_avg_sq.no_decay}
 #include "train/checkpoint.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -215,6 +216,11 @@ CheckpointMeta read_meta(InputArchive& a, const std::string& path, uint64_t file
     throw ckpt_error(path, "vocabulary has " + std::to_string(meta.vocab.size()) + " characters but the model expects " +
                                std::to_string(meta.model_config.vocab_size));
   meta.torch_rng_state = read_tensor(a, path, "rng.cpu", true);
+  // Resume hands it to the CPU generator, whose own size check throws LibTorch's multi-line error.
+  const int64_t rng_bytes = at::make_generator<at::CPUGeneratorImpl>().get_state().numel();
+  if (meta.torch_rng_state.scalar_type() != torch::kByte || meta.torch_rng_state.dim() != 1 ||
+      meta.torch_rng_state.numel() != rng_bytes)
+    throw ckpt_error(path, "tensor 'rng.cpu' is not a CPU generator state (" + std::to_string(rng_bytes) + " bytes)");
   meta.cuda_rng_state = read_tensor(a, path, "rng.cuda", false);
   if (meta.iter < 0) throw ckpt_error(path, "negative iteration count");
   return meta;

@@ -229,6 +229,8 @@ void resume_from(const std::string& path) {
     expect_clear_error(e, "[ckpt] '");
     return;
   }
+  // The trainer restores the generator from it: read_checkpoint_meta must have checked it.
+  at::make_generator<at::CPUGeneratorImpl>().set_state(meta.torch_rng_state);
   data::BatchSampler sampler(torch::zeros({config.block_size + 1}, torch::kInt32), 1, config.block_size, 0);
   try {
     sampler.restore_state(meta.sampler_state);
