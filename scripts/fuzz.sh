@@ -6,8 +6,9 @@
 #   env: BUILD_DIR (default build-fuzz), JOBS (build parallelism, default 2)
 #
 # Builds (CC=clang-14 CXX=clang++-14, -DNANOGPT_FUZZ=ON) when needed. The corpus lives in
-# $BUILD_DIR/corpus/TARGET (git-ignored) and is seeded from tests/fuzz/seeds/TARGET and from the
-# fuzz_seeds program (valid files written by the project's own writers). Findings (crash-*,
+# $BUILD_DIR/corpus/TARGET (git-ignored) and is seeded from the fuzz_seeds program (valid files
+# written by the project's own writers) and tests/fuzz/seeds/TARGET (past findings, kept as
+# regressions; their unit tests are in tests/test_robustness.cpp). Findings (crash-*,
 # timeout-*, oom-*) go to $BUILD_DIR/findings/TARGET; reproduce one with
 #   $BUILD_DIR/tests/fuzz/fuzz_TARGET $BUILD_DIR/findings/TARGET/crash-...
 # The full log is $BUILD_DIR/fuzz_logs/TARGET.log; the last lines give executions and coverage.
@@ -15,7 +16,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if (($# < 2)); then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 TARGET=$1

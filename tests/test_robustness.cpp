@@ -277,6 +277,17 @@ TEST(CheckpointLoad, ConfigsTooLargeForTheFileAreRejectedBeforeAllocating) {
   EXPECT_NE(message.find("implausibly large"), std::string::npos) << message;
 }
 
+// A wrong rng.cpu passed every check and failed resume in LibTorch's generator (multi-line error).
+TEST(CheckpointLoad, RngStateThatIsNotAGeneratorStateIsOneLine) {
+  TempDir dir;
+  TinyCheckpoint ckpt;
+  ckpt.meta.torch_rng_state = torch::zeros({3});
+  ckpt.save(dir / "ckpt.pt");
+  const std::string message = error_of([&] { train::read_checkpoint_meta(dir / "ckpt.pt"); });
+  expect_one_ckpt_line(message);
+  EXPECT_NE(message.find("rng.cpu"), std::string::npos) << message;
+}
+
 // A checkpoint whose optimizer section lacks its entries failed resume with LibTorch's multi-line
 // c10::Error (found by fuzz_checkpoint).
 TEST(CheckpointLoad, MissingOptimizerStateIsOneLine) {

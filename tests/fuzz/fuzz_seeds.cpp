@@ -1,7 +1,7 @@
 // Writes the seed corpora for the fuzz targets: small valid inputs of every format, made by the
 // project's own writers so they always match the current formats.
 //   fuzz_seeds OUT_DIR   -> OUT_DIR/{vocab,config,data_files,safetensors,checkpoint}/seed_*
-// scripts/fuzz.sh runs it once per target before fuzzing (tests/fuzz/seeds/ adds hand-written ones).
+// scripts/fuzz.sh runs it before fuzzing (tests/fuzz/seeds/ adds past findings as regressions).
 #include <ATen/CPUGeneratorImpl.h>
 #include <unistd.h>
 
