@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "model/backend.h"
+#include "model/decode_attention.h"
 #include "model/linear.h"
 
 namespace nanogpt::model {
@@ -63,9 +64,29 @@ torch::Tensor CausalSelfAttentionImpl::math_attention(const torch::Tensor& q, co
   return att.matmul(v);  // (B, nh, T, hs)
 }
 
+void CausalSelfAttentionImpl::ensure_cache(torch::Tensor& cache, int64_t B, const torch::TensorOptions& options,
+                                           int64_t start_pos) {
+  if (cache.defined() && cache.size(0) == B && cache.scalar_type() == options.dtype().toScalarType() &&
+      cache.device() == options.device())
+    return;
+  auto buffer = torch::empty({B, n_kv_head_, block_size_, head_size_}, options);  // (B, nkv, block, hs)
+  if (start_pos > 0) buffer.narrow(2, 0, start_pos).copy_(cache.narrow(2, 0, start_pos));
+  cache = buffer;
+}
+
+void CausalSelfAttentionImpl::freeze_qkv_weights(bool frozen) {
+  frozen_w_ = frozen_b_ = torch::Tensor();
+  if (!frozen) return;
+  auto [w, b] = qkv_weights();
+  frozen_w_ = w;
+  frozen_b_ = b;
+}
+
 std::pair<torch::Tensor, torch::Tensor> CausalSelfAttentionImpl::qkv_weights() {
+  if (frozen_w_.defined()) return {frozen_w_, frozen_b_};
   // Concatenated at every call: a cached copy would go stale when the optimizer updates the
   // weights in place through its flat buffer (which does not bump the parameters' versions).
+  // Only sampling, which changes no weight, freezes a copy (freeze_qkv_weights).
   auto w = torch::cat({q_proj->weight, k_proj->weight, v_proj->weight});  // (C + 2 kv, C)
   auto b = q_proj->bias.defined() ? torch::cat({q_proj->bias, k_proj->bias, v_proj->bias}) : torch::Tensor();
   return {w, b};
@@ -79,7 +100,19 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   auto [w, b] = qkv_weights();  // (C + 2 kv, C), (C + 2 kv) or undefined
   // split (not narrow): its backward is one concatenation instead of a zero-filled full-size
   // gradient per slice.
-  auto qkv = dense(x, w, b).split_with_sizes({C + kv_width, kv_width}, -1);  // (B, T, ·)
+  auto qkv_all = dense(x, w, b);  // (B, T, C + 2 kv)
+  if (T == 1 && ctx.k_cache && !ctx.weights && !is_training() && qkv_all.device().is_cpu() &&
+      qkv_all.scalar_type() == torch::kFloat && !torch::GradMode::is_enabled()) {
+    // Decoding one token on the CPU: the same arithmetic as below in one pass (decode_attention.h).
+    ensure_cache(*ctx.k_cache, B, qkv_all.options(), ctx.start_pos);
+    ensure_cache(*ctx.v_cache, B, qkv_all.options(), ctx.start_pos);
+    const float* cos2 = ctx.rope ? ctx.rope->cos2_row(ctx.start_pos) : nullptr;
+    const float* sin2 = ctx.rope ? ctx.rope->sin2_row(ctx.start_pos) : nullptr;
+    auto y = decode_attention(qkv_all.contiguous(), *ctx.k_cache, *ctx.v_cache, ctx.start_pos, n_head_, n_kv_head_,
+                              cos2, sin2);  // (B, 1, C)
+    return resid_dropout(dense(y, c_proj->weight, c_proj->bias));
+  }
+  auto qkv = qkv_all.split_with_sizes({C + kv_width, kv_width}, -1);  // (B, T, ·)
   auto qk = qkv[0].view({B, T, n_head_ + n_kv_head_, head_size_});  // (B, T, nh + nkv, hs)
   if (ctx.rope) qk = ctx.rope->apply(qk, ctx.start_pos);          // q and k rotated together
   auto q_k = qk.split_with_sizes({n_head_, n_kv_head_}, 2);
@@ -89,12 +122,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   if (ctx.k_cache) {  // write this step's keys/values into the cache and attend over all of them
     const int64_t end = ctx.start_pos + T;
     for (auto [cache, fresh] : {std::pair<torch::Tensor*, torch::Tensor*>{ctx.k_cache, &k}, {ctx.v_cache, &v}}) {
-      if (!cache->defined() || cache->size(0) != B || cache->scalar_type() != fresh->scalar_type() ||
-          cache->device() != fresh->device()) {
-        auto buffer = torch::empty({B, n_kv_head_, block_size_, head_size_}, fresh->options());  // (B, nkv, block, hs)
-        if (ctx.start_pos > 0) buffer.narrow(2, 0, ctx.start_pos).copy_(cache->narrow(2, 0, ctx.start_pos));
-        *cache = buffer;
-      }
+      ensure_cache(*cache, B, fresh->options(), ctx.start_pos);
       cache->narrow(2, ctx.start_pos, T).copy_(*fresh);
       *fresh = cache->narrow(2, 0, end);  // (B, nkv, Tk, hs)
     }

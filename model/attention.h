@@ -35,12 +35,19 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::nn::Linear v_proj{nullptr};  // C -> nkv * hs
   torch::nn::Linear c_proj{nullptr};  // C -> C, the output projection
 
+  /// While frozen, Q/K/V use one concatenated copy of their weights made now, instead of
+  /// concatenating at every call (for sampling, where no weight changes: one token's decode would
+  /// otherwise copy all three matrices). Unfreeze before the weights change again.
+  void freeze_qkv_weights(bool frozen);
+
  private:
   torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                int64_t start_pos, torch::Tensor* weights_out);
   torch::Tensor causal_mask(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device);  // (T, Tk) bool
   std::pair<torch::Tensor, torch::Tensor> qkv_weights();  // [W_q; W_k; W_v] and the biases, or undefined
   torch::Tensor causal_bias(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device);  // (T, Tk) 0 / -inf
+  /// Makes `cache` a (B, nkv, block, hs) buffer of `options`, keeping positions < start_pos.
+  void ensure_cache(torch::Tensor& cache, int64_t B, const torch::TensorOptions& options, int64_t start_pos);
 
   int64_t n_head_, n_kv_head_, head_size_, block_size_;
   double dropout_;
@@ -48,6 +55,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
   torch::Tensor mask_;  // (block_size, block_size) bool, true above the diagonal; cached, not a buffer
   torch::Tensor bias_;  // the same as an additive fp32 bias (0 / -inf); cached, not a buffer
+  torch::Tensor frozen_w_, frozen_b_;  // [W_q; W_k; W_v] and biases while frozen, else undefined
 };
 TORCH_MODULE(CausalSelfAttention);
 

@@ -65,6 +65,11 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t
   if (batch < 1) throw std::invalid_argument("[sample] batch must be >= 1");
   c10::InferenceMode inference;
   model->eval();
+  struct Frozen {  // Q/K/V weights concatenated once for the whole call, released on every exit
+    GPT& model;
+    explicit Frozen(GPT& m) : model(m) { model->freeze_qkv_weights(true); }
+    ~Frozen() { model->freeze_qkv_weights(false); }
+  } frozen(model);
   const auto device = model->parameters().front().device();
   const int64_t block = model->config().block_size;
   const int64_t P = static_cast<int64_t>(prompt.size());

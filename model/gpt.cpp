@@ -113,6 +113,10 @@ KVCache GPTImpl::make_cache() const {
   return cache;
 }
 
+void GPTImpl::freeze_qkv_weights(bool frozen) {
+  for (size_t i = 0; i < h->size(); ++i) h[i]->as<Block>()->attn->freeze_qkv_weights(frozen);
+}
+
 torch::Tensor GPTImpl::forward_cached(const torch::Tensor& idx_new, KVCache& cache) {
   if (cache.k.size() != h->size()) cache = make_cache();
   const int64_t start = cache.length();

@@ -39,6 +39,9 @@ class GPTImpl : public torch::nn::Module {
   /// An empty cache sized for this model.
   KVCache make_cache() const;
 
+  /// Every attention layer's freeze_qkv_weights (see attention.h): on while sampling.
+  void freeze_qkv_weights(bool frozen);
+
   /// Parameters, excluding learned position embeddings when non_embedding (nanoGPT's convention;
   /// the head is tied to wte, so wte counts once).
   int64_t num_params(bool non_embedding = true) const;

@@ -25,6 +25,10 @@ class Rope {
   /// Rotates x (B, T, H, hs) as positions start_pos .. start_pos + T - 1 (any number of heads H,
   /// so q and k can be rotated in one call). Same shape and dtype; the result is contiguous.
   torch::Tensor apply(const torch::Tensor& x, int64_t start_pos);
+  /// The fp32 CPU tables' rows for one position, hs values each (cos2 = [cos, cos],
+  /// sin2 = [-sin, sin]): for hand-written kernels (decode_attention.h).
+  const float* cos2_row(int64_t pos) const { return cos2_.data_ptr<float>() + pos * 2 * half_; }
+  const float* sin2_row(int64_t pos) const { return sin2_.data_ptr<float>() + pos * 2 * half_; }
 
  private:
   // out = x * cos2 + rotate_half(x) * sin2, with rotate_half(x) = [x2, x1] and the tables laid out

@@ -278,7 +278,7 @@ disk_full_check() {
   elif [[ $sums_before != "$sums_after" ]]; then
     fail "disk full ($method): the previous checkpoints changed"
   else
-    say "disk full ($method): exit $rc, checkpoints from iter 20 intact, error: $(cut -c1-150 "$log.err")"
+    say "disk full ($method): exit $rc, checkpoints from iter 20 intact, message: $(cut -c1-150 "$log.err")"
   fi
   check_loadable "$dir" "disk full"
   local tmp

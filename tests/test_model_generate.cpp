@@ -123,6 +123,8 @@ TEST(Sampling, WindowNeverExceedsBlockAndKeepsHalf) {
       const int64_t s = window_start(total, block);
       EXPECT_LE(total - s, block);
       EXPECT_GE(total - s, std::min<int64_t>(total, std::max<int64_t>(1, block / 2)));
-      if (total > 1) EXPECT_GE(s, window_start(total - 1, block));
+      if (total > 1) {
+        EXPECT_GE(s, window_start(total - 1, block));
+      }
     }
 }

@@ -1,0 +1,80 @@
+// One-token attention as plain loops (see decode_attention.h).
+#include "model/decode_attention.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace nanogpt::model {
+namespace {
+
+// out = x * cos2 + rotate_half(x) * sin2, rotate_half(x) = [x2, x1] (see positions.h).
+void rotate(const float* x, const float* cos2, const float* sin2, int64_t hs, float* out) {
+  const int64_t half = hs / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = x[i] * cos2[i] + x[i + half] * sin2[i];
+    out[i + half] = x[i + half] * cos2[i + half] + x[i] * sin2[i + half];
+  }
+}
+
+}  // namespace
+
+torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t pos,
+                               int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2) {
+  const int64_t B = qkv.size(0), block = k_cache.size(2), hs = k_cache.size(3);
+  const int64_t width = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head, Tk = pos + 1;
+  TORCH_CHECK(qkv.is_contiguous() && qkv.scalar_type() == torch::kFloat && qkv.size(1) == 1 && qkv.size(2) == width,
+              "decode_attention: qkv must be contiguous fp32 (B, 1, (nh + 2 nkv) hs)");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && pos < block, "decode_attention: bad cache");
+  const float* in = qkv.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();  // [b][kv head][position][hs]
+  float* vc = v_cache.data_ptr<float>();
+  auto y = torch::empty({B, 1, n_head * hs}, qkv.options());  // (B, 1, nh hs)
+  float* out = y.data_ptr<float>();
+
+  // The new key (rotated) and value go into the caches at `pos`.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < n_kv_head; ++j) {
+      const float* k_new = in + b * width + (n_head + j) * hs;
+      const float* v_new = in + b * width + (n_head + n_kv_head + j) * hs;
+      float* k_slot = kc + ((b * n_kv_head + j) * block + pos) * hs;
+      float* v_slot = vc + ((b * n_kv_head + j) * block + pos) * hs;
+      if (rope_cos2) rotate(k_new, rope_cos2, rope_sin2, hs, k_slot);
+      else std::copy(k_new, k_new + hs, k_slot);
+      std::copy(v_new, v_new + hs, v_slot);
+    }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Tk * hs));  // small work stays serial
+  at::parallel_for(0, B * n_head, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> q(hs), p(Tk);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / n_head, h = bh % n_head, j = h / group;  // query head h reads kv head j
+      const float* q_in = in + b * width + h * hs;
+      if (rope_cos2) rotate(q_in, rope_cos2, rope_sin2, hs, q.data());
+      else std::copy(q_in, q_in + hs, q.data());
+      const float* keys = kc + (b * n_kv_head + j) * block * hs;    // (Tk, hs)
+      const float* values = vc + (b * n_kv_head + j) * block * hs;  // (Tk, hs)
+      float max_score = -INFINITY;
+      for (int64_t t = 0; t < Tk; ++t) {
+        float s = 0.0f;
+        for (int64_t d = 0; d < hs; ++d) s += q[d] * keys[t * hs + d];
+        p[t] = s * scale;
+        max_score = std::max(max_score, p[t]);
+      }
+      float total = 0.0f;
+      for (int64_t t = 0; t < Tk; ++t) total += (p[t] = std::exp(p[t] - max_score));
+      float* o = out + b * n_head * hs + h * hs;
+      std::fill(o, o + hs, 0.0f);
+      for (int64_t t = 0; t < Tk; ++t) {
+        const float w = p[t] / total;
+        for (int64_t d = 0; d < hs; ++d) o[d] += w * values[t * hs + d];
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace nanogpt::model

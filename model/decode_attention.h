@@ -1,0 +1,21 @@
+// Attention for one new token per sequence on the CPU, in fp32, as plain loops. Decoding runs the
+// whole attention of a token through ~20 small LibTorch kernels (split, rotate, cache copies, bmm,
+// softmax, bmm, transposes), each a few microseconds of dispatch for a few hundred flops; for the
+// CPU-preset model that overhead was most of the time per token. This does the same arithmetic in
+// one pass. The general path (model/attention.cpp) stays the reference, and a test holds the two
+// equal (GPT.KVCacheLogitsEqualFullForwardOverTwoBlocks).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace nanogpt::model {
+
+/// Shapes: qkv (B, 1, (nh + 2 nkv) hs), fp32 contiguous: the new token's q, k and v, heads side by
+/// side. k_cache, v_cache (B, nkv, block, hs) fp32 contiguous. rope_cos2 / rope_sin2: the RoPE
+/// tables' rows for position `pos` (hs values each, laid out as in Rope), or nullptr for no
+/// rotation. Rotates q and k, writes k and v into the caches at `pos`, and returns
+/// softmax(q kᵀ / √hs) v over positions 0..pos as y (B, 1, nh hs).
+torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t pos,
+                               int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2);
+
+}  // namespace nanogpt::model
