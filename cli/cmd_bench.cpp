@@ -21,6 +21,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--sample_tokens", options->sample_tokens, "Tokens per sampling measurement; 0 = skip")->capture_default_str();
   cmd->add_option("--sample_batch", options->sample_batch, "Samples in the batched measurement")->capture_default_str();
   cmd->add_option("--json", *json_path, "Also write the results as JSON to this file");
+  cmd->add_option("--profile", options->profile_path,
+                  "Profile 3 more training steps; write a Chrome trace (chrome://tracing) here; "
+                  "summarise it with scripts/profile_summary.py");
   cmd->allow_extras();  // --key=value config overrides, e.g. --dtype=float32
   cmd->callback([cmd, config_path, json_path, options] {
     if (options->iters < 1 || options->warmup < 0 || options->sample_tokens < 0 || options->sample_batch < 1)

@@ -1,6 +1,8 @@
 // Flat AdamW (see adamw.h).
 #include "train/adamw.h"
 
+#include <ATen/Parallel.h>
+
 #include <cmath>
 #include <stdexcept>
 
@@ -45,6 +47,13 @@ void FlatAdamW::flatten(Group& group) {
 
 torch::Tensor FlatAdamW::clip_grad_norm(double max_norm) {
   torch::NoGradGuard no_grad;
+  if (on_cpu_fp32()) {  // one dot product per group; the host already holds the answer, so no sync to avoid
+    auto norm = (groups_[0].grad.dot(groups_[0].grad) + groups_[1].grad.dot(groups_[1].grad)).sqrt();
+    const double coef = max_norm / (norm.item<double>() + 1e-6);
+    if (max_norm > 0.0 && coef < 1.0)
+      for (auto& g : groups_) g.grad.mul_(coef);
+    return norm;
+  }
   auto sq = groups_[0].grad.pow(2).sum() + groups_[1].grad.pow(2).sum();
   auto norm = sq.sqrt();
   if (max_norm > 0.0) {
@@ -61,12 +70,62 @@ void FlatAdamW::step(double lr) {
   const double bias2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
   for (auto& g : groups_) {
     if (g.flat.numel() == 0) continue;
+    if (on_cpu_fp32()) {
+      fused_step_cpu(g, lr, bias1, bias2);
+      continue;
+    }
     if (g.weight_decay != 0.0) g.flat.mul_(1.0 - lr * g.weight_decay);   // decoupled weight decay
     g.exp_avg.lerp_(g.grad, 1.0 - options_.beta1);                      // m = β1 m + (1-β1) g
     g.exp_avg_sq.mul_(options_.beta2).addcmul_(g.grad, g.grad, 1.0 - options_.beta2);  // v = β2 v + (1-β2) g²
     auto denom = (g.exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(options_.eps);
     g.flat.addcdiv_(g.exp_avg, denom, -lr / bias1);                     // θ -= lr m̂ / (√v̂ + ε)
   }
+}
+
+bool FlatAdamW::on_cpu_fp32() const {
+  const auto& flat = groups_[0].flat.numel() > 0 ? groups_[0].flat : groups_[1].flat;
+  return flat.device().is_cpu() && flat.scalar_type() == torch::kFloat;
+}
+
+namespace {
+
+struct AdamWScalars {
+  float decay, b2, one_minus_b1, one_minus_b2, inv_sqrt_bias2, eps, step_size;
+};
+
+// Plain loop over restrict pointers: the compiler vectorizes it (-fno-math-errno lets sqrt in).
+void adamw_range(float* __restrict theta, const float* __restrict grad, float* __restrict m, float* __restrict v,
+                 int64_t begin, int64_t end, const AdamWScalars s) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float gi = grad[i];
+    const float mi = m[i] + s.one_minus_b1 * (gi - m[i]);        // m = β1 m + (1-β1) g
+    const float vi = v[i] * s.b2 + s.one_minus_b2 * gi * gi;     // v = β2 v + (1-β2) g²
+    const float denom = std::sqrt(vi) * s.inv_sqrt_bias2 + s.eps;  // √v̂ + ε
+    theta[i] = theta[i] * s.decay + s.step_size * mi / denom;   // decoupled decay, θ -= lr m̂ / (√v̂ + ε)
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+}  // namespace
+
+// The update above as one pass over memory: each value of θ, g, m and v is read once and written
+// once, where the kernel-per-operation version streams the buffers eight times. Same formulas.
+void FlatAdamW::fused_step_cpu(Group& g, double lr, double bias1, double bias2) {
+  float* theta = g.flat.data_ptr<float>();
+  const float* grad = g.grad.data_ptr<float>();
+  float* m = g.exp_avg.data_ptr<float>();
+  float* v = g.exp_avg_sq.data_ptr<float>();
+  AdamWScalars s;
+  s.decay = static_cast<float>(1.0 - lr * g.weight_decay);
+  s.b2 = static_cast<float>(options_.beta2);
+  s.one_minus_b1 = static_cast<float>(1.0 - options_.beta1);
+  s.one_minus_b2 = static_cast<float>(1.0 - options_.beta2);
+  s.inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
+  s.eps = static_cast<float>(options_.eps);
+  s.step_size = static_cast<float>(-lr / bias1);
+  at::parallel_for(0, g.flat.numel(), 1 << 15,
+                   [&](int64_t begin, int64_t end) { adamw_range(theta, grad, m, v, begin, end, s); });
 }
 
 void FlatAdamW::zero_grad() {

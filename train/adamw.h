@@ -52,6 +52,8 @@ class FlatAdamW {
     torch::Tensor flat, grad, exp_avg, exp_avg_sq;  // each (numel,)
   };
   void flatten(Group& group);
+  bool on_cpu_fp32() const;  // the buffers are fp32 on the CPU: the fused loop applies
+  void fused_step_cpu(Group& group, double lr, double bias1, double bias2);
 
   Options options_;
   int64_t step_ = 0;

@@ -2,6 +2,7 @@
 #include "train/bench.h"
 
 #include <sys/resource.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
 #include <chrono>
@@ -94,6 +95,11 @@ BenchReport run_bench(const TrainConfig& config, const BenchOptions& options) {
     auto loss = train_step(model, optimizer, [&] { return sampler.next(device); }, config.learning_rate, step);
     r.final_loss = loss.item<double>() / static_cast<double>(config.gradient_accumulation_steps);  // syncs
     if (i >= options.warmup) ms.push_back(seconds_since(t0) * 1000.0);
+  }
+  if (!options.profile_path.empty()) {  // after the timed steps, so that profiling does not slow them
+    torch::autograd::profiler::RecordProfile profile(options.profile_path);
+    for (int i = 0; i < 3; ++i)
+      train_step(model, optimizer, [&] { return sampler.next(device); }, config.learning_rate, step).item<double>();
   }
   if (!ms.empty()) {
     r.step_ms_mean = std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());

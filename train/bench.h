@@ -17,6 +17,7 @@ struct BenchOptions {
   int64_t warmup = 5;           // untimed steps first
   int64_t sample_tokens = 500;  // new tokens per sampling measurement; 0 skips sampling
   int64_t sample_batch = 10;    // samples generated together in the batched measurement
+  std::string profile_path;     // non-empty: profile 3 more steps, Chrome trace JSON written here
 };
 
 struct GemmResult {
