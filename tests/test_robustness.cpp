@@ -3,6 +3,7 @@
 // "[ckpt]" errors, never crashes or runaway allocations. The cases at the end are inputs the
 // fuzzers (tests/fuzz) found, kept as regressions.
 #include <ATen/CPUGeneratorImpl.h>
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "data/utf8.h"
 #include "data/vocab.h"
 #include "model/gpt.h"
 #include "train/adamw.h"
@@ -324,6 +326,33 @@ TEST(CheckpointLoad, MissingOptimizerStateIsOneLine) {
   const std::string message =
       error_of([&] { train::load_checkpoint(dir / "no_optimizer_state.pt", &ckpt.gpt, ckpt.optimizer.get()); });
   expect_one_ckpt_line(message);
+}
+
+// fuzz_checkpoint: a damaged class source (code/*.py, a deflated record) crashed LibTorch 1.13's
+// TorchScript parser with SIGSEGV. Rewrites a good checkpoint with one source line changed.
+TEST(CheckpointLoad, DamagedClassSourceIsOneLineNotACrash) {
+  TempDir dir;
+  TinyCheckpoint ckpt;
+  ckpt.save(dir / "good.pt");
+  for (const std::string bad : {std::string("  model : __torch__.\xff\x01(((\n"), std::string("  def f(self):\n")}) {
+    SCOPED_TRACE(bad);
+    {
+      caffe2::serialize::PyTorchStreamReader reader(dir / "good.pt");
+      caffe2::serialize::PyTorchStreamWriter writer(dir / "bad.pt");
+      for (const std::string& name : reader.getAllRecords()) {
+        if (name == ".data/version" || name == "version") continue;  // the writer adds its own
+        auto [data, size] = reader.getRecord(name);
+        std::string bytes(static_cast<const char*>(data.get()), size);
+        if (name == "code/__torch__.py") bytes += bad;
+        const bool source = name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0;  // deflated, as LibTorch does
+        writer.writeRecord(name, bytes.data(), bytes.size(), source);
+      }
+      writer.writeEndOfFile();
+    }
+    const std::string message = error_of([&] { train::load_model(dir / "bad.pt"); });
+    expect_one_ckpt_line(message);
+    EXPECT_NE(message.find("code/__torch__.py"), std::string::npos) << data::escape_controls(message);
+  }
 }
 
 // fuzz_config: quoted keys and values with newlines made multi-line errors.

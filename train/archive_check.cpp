@@ -3,6 +3,8 @@
 // CPython's Lib/pickletools.py.
 #include "train/archive_check.h"
 
+#include <caffe2/serialize/inline_container.h>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <regex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -359,6 +362,31 @@ class PickleChecker {
   std::map<uint64_t, Ref> memo_;
 };
 
+// The TorchScript source LibTorch writes for a plain module of attributes (code/*.py): class
+// headers, the parameter and buffer lists and type annotations, nothing else. LibTorch 1.13's
+// TorchScript parser crashes (SIGSEGV) on some damaged sources, so only these forms get through.
+void check_script_source(const std::string& name, const std::string& text) {
+  static const std::string type = R"([A-Za-z_][A-Za-z0-9_.]*(\[[A-Za-z0-9_., \[\]]*\])?)";
+  static const std::regex forms[] = {
+      std::regex(R"(class [A-Za-z_][A-Za-z0-9_]*\([A-Za-z_][A-Za-z0-9_.]*\):)"),
+      std::regex(R"(  (__parameters__|__buffers__|__annotations__) = \[("[^"\\]*", )*\])"),
+      std::regex(R"(  [A-Za-z_][A-Za-z0-9_]* : )" + type),
+      std::regex(R"(  __annotations__\["[^"\\]*"\] = )" + type),
+  };
+  size_t line_no = 0;
+  for (size_t start = 0; start < text.size(); ++line_no) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty()) continue;
+    const bool printable = std::all_of(line.begin(), line.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+    if (!printable || std::none_of(std::begin(forms), std::end(forms),
+                                   [&](const std::regex& form) { return std::regex_match(line, form); }))
+      fail("zip record '" + name + "' line " + std::to_string(line_no + 1) +
+           " is not the module source LibTorch writes (damaged)");
+  }
+}
+
 }  // namespace
 
 void check_torch_archive(const std::string& path) {
@@ -378,6 +406,19 @@ void check_torch_archive(const std::string& path) {
     // data.pkl's tensors live in <folder>data/, constants.pkl's in <folder>constants/.
     const std::string storage_dir = folder + rest.substr(0, rest.rfind('.')) + "/";
     PickleChecker(name, read_record(file, record), records, storage_dir).run();
+  }
+  // The class sources are deflated (unlike the pickles and tensors): read them through LibTorch's
+  // own zip reader, which the checks above make safe to open, and check the text.
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    for (const std::string& name : reader.getAllRecords()) {
+      if (name.compare(0, 5, "code/") != 0 || name.size() < 3 || name.compare(name.size() - 3, 3, ".py") != 0) continue;
+      auto [data, size] = reader.getRecord(name);
+      check_script_source(name, std::string(static_cast<const char*>(data.get()), size));
+    }
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    fail("damaged zip record (" + what.substr(0, what.find('\n')) + ")");
   }
 }
 
