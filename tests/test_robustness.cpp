@@ -334,7 +334,7 @@ TEST(CheckpointLoad, DamagedClassSourceIsOneLineNotACrash) {
   TempDir dir;
   TinyCheckpoint ckpt;
   ckpt.save(dir / "good.pt");
-  for (const std::string bad : {std::string("  model : __torch__.\xff\x01(((\n"), std::string("  def f(self):\n")}) {
+  for (const std::string& bad : {std::string("  model : __torch__.\xff\x01(((\n"), std::string("  def f(self):\n")}) {
     SCOPED_TRACE(bad);
     {
       caffe2::serialize::PyTorchStreamReader reader(dir / "good.pt");
