@@ -14,6 +14,7 @@
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "data/utf8.h"
+#include "test_files.h"
 
 using namespace nanogpt::data;
 namespace fs = std::filesystem;
@@ -22,20 +23,7 @@ namespace {
 
 const std::string kShakespeare = std::string(NANOGPT_SOURCE_DIR) + "/data/shakespeare_char/input.txt";
 
-// A fresh directory, removed with everything in it at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "nanogpt_test_XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using nanogpt::testing::ScratchDir;
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
@@ -74,7 +62,7 @@ void patch(const std::string& path, size_t offset, const std::string& bytes) {
 }  // namespace
 
 TEST(Prepare, ShakespeareSplitMatchesNanoGpt) {
-  TempDir dir;
+  ScratchDir dir;
   const DatasetMeta meta = prepare_dataset({kShakespeare, dir.path.string()});
   EXPECT_EQ(summary_line(meta), "[data] vocab_size=65 train_tokens=1003854 val_tokens=111540");
 
@@ -93,7 +81,7 @@ TEST(Prepare, ShakespeareSplitMatchesNanoGpt) {
 }
 
 TEST(Prepare, SplitsByCharactersNotBytes) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string text = "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。𠀀\n";  // 26 characters, 76 bytes
   write_text(dir / "poem.txt", text);
   const DatasetMeta meta = prepare_dataset({dir / "poem.txt", dir / "out"});
@@ -106,7 +94,7 @@ TEST(Prepare, SplitsByCharactersNotBytes) {
 }
 
 TEST(Prepare, TangPoemsHave7443Characters) {
-  TempDir dir;
+  ScratchDir dir;
   const DatasetMeta meta = prepare_dataset({std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt", dir.path});
   EXPECT_EQ(meta.vocab.size(), 7443);
   EXPECT_EQ(meta.train_tokens + meta.val_tokens, 2469433);  // characters, per data/tang_poems/SOURCE.md
@@ -114,7 +102,7 @@ TEST(Prepare, TangPoemsHave7443Characters) {
 }
 
 TEST(TokenFile, RoundTripsWithTwoByteTokens) {
-  TempDir dir;
+  ScratchDir dir;
   const std::vector<int64_t> tokens = {0, 1, 65535, 300, 7442};
   write_token_file(dir / "t.bin", tokens, 65536);
   const std::string bytes = read_file(dir / "t.bin");
@@ -129,7 +117,7 @@ TEST(TokenFile, RoundTripsWithTwoByteTokens) {
 }
 
 TEST(TokenFile, RoundTripsWithFourByteTokens) {
-  TempDir dir;
+  ScratchDir dir;
   const std::vector<int64_t> tokens = {0, 65536, 69999, 12};
   write_token_file(dir / "t.bin", tokens, 70000);
   EXPECT_EQ(fs::file_size(dir / "t.bin"), 24u + 4 * tokens.size());
@@ -140,7 +128,7 @@ TEST(TokenFile, RoundTripsWithFourByteTokens) {
 }
 
 TEST(TokenFile, CorruptionIsDetected) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir / "t.bin";
   const auto expect_error = [&](const std::string& what) {
     const std::string msg = error_of([&] { read_token_file(path); });
@@ -175,14 +163,14 @@ TEST(TokenFile, CorruptionIsDetected) {
 }
 
 TEST(TokenFile, WriteRejectsTokensOutsideTheVocabularyAndLeavesNoFile) {
-  TempDir dir;
+  ScratchDir dir;
   EXPECT_THROW(write_token_file(dir / "t.bin", {0, 10}, 10), std::runtime_error);
   EXPECT_THROW(write_token_file(dir / "t.bin", {-1}, 10), std::runtime_error);
   EXPECT_TRUE(listing(dir.path.string()).empty());
 }
 
 TEST(AtomicFile, FailedWriteLeavesTheOldFileAndNoTemporary) {
-  TempDir dir;
+  ScratchDir dir;
   write_bytes_atomically(dir / "f", "old");
   const std::string msg = error_of([&] {
     write_file_atomically(dir / "f", [](const std::string& tmp) {
@@ -200,7 +188,7 @@ TEST(AtomicFile, FailedWriteLeavesTheOldFileAndNoTemporary) {
 }
 
 TEST(Meta, RoundTrips) {
-  TempDir dir;
+  ScratchDir dir;
   write_text(dir / "in.txt", "hello, 世界 𠀀\nhello again\n");
   const DatasetMeta written = prepare_dataset({dir / "in.txt", dir / "out", 0.25});
   const DatasetMeta read = read_meta(dir / "out");
@@ -213,7 +201,7 @@ TEST(Meta, RoundTrips) {
 }
 
 TEST(Meta, CorruptionIsDetected) {
-  TempDir dir;
+  ScratchDir dir;
   write_text(dir / "in.txt", "abcdefghijklmnopqrstuvwxyz");
   prepare_dataset({dir / "in.txt", dir.path});
   const std::string meta = dir / "meta.bin";
@@ -240,7 +228,7 @@ TEST(Fnv1a64, MatchesPublishedVectors) {
 }
 
 TEST(EnsurePrepared, PreparesOnlyWhenTheInputChanges) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string input = dir / "in.txt", out = dir / "out";
   write_text(input, "the quick brown fox jumps over the lazy dog");
   bool prepared = false;
@@ -277,7 +265,7 @@ TEST(EnsurePrepared, PreparesOnlyWhenTheInputChanges) {
 }
 
 TEST(PrepareErrors, EachBadInputIsAClearErrorAndWritesNothing) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string out = dir / "out";
   const auto expect_error = [&](const PrepareOptions& options, const std::string& what) {
     const std::string msg = error_of([&] { prepare_dataset(options); });
@@ -307,7 +295,7 @@ TEST(PrepareErrors, EachBadInputIsAClearErrorAndWritesNothing) {
 
 TEST(PrepareErrors, UnwritableOutDir) {
   if (::geteuid() == 0) GTEST_SKIP() << "root may write anywhere";
-  TempDir dir;
+  ScratchDir dir;
   write_text(dir / "in.txt", "abcdefghijklmnopqrstuvwxyz");
   fs::create_directory(dir / "ro");
   fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
@@ -318,7 +306,7 @@ TEST(PrepareErrors, UnwritableOutDir) {
 }
 
 TEST(PrepareErrors, AFailedPrepareKeepsThePreviousOutput) {
-  TempDir dir;
+  ScratchDir dir;
   write_text(dir / "in.txt", "abcdefghijklmnopqrstuvwxyz");
   prepare_dataset({dir / "in.txt", dir / "out"});
   const std::string train = read_file(dir / "out/train.bin");

@@ -26,35 +26,16 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/safetensors.h"
+#include "test_files.h"
 
 namespace fs = std::filesystem;
 using namespace nanogpt;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "nanogpt_robust_XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void spit(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using nanogpt::testing::ScratchDir;
+using nanogpt::testing::slurp;
+using nanogpt::testing::spit;
 
 std::vector<std::string> temp_files(const fs::path& dir) {
   std::vector<std::string> found;
@@ -175,7 +156,7 @@ void expect_failed_save_keeps_previous(const std::string& path, const std::funct
 }  // namespace
 
 TEST(CheckpointSave, FailedSaveKeepsThePreviousCheckpoint_FileSizeLimit) {
-  TempDir dir;
+  ScratchDir dir;
   TinyCheckpoint ckpt;
   const std::string path = dir / "ckpt_last.pt";
   ckpt.save(path);
@@ -192,7 +173,7 @@ TEST(CheckpointSave, FailedSaveKeepsThePreviousCheckpoint_FileSizeLimit) {
 }
 
 TEST(CheckpointSave, FailedSaveKeepsThePreviousCheckpoint_FullDisk) {
-  TempDir dir;
+  ScratchDir dir;
   TinyCheckpoint ckpt;
   const std::string staging = dir / "staging.pt";
   ckpt.save(staging);
@@ -211,7 +192,7 @@ TEST(CheckpointSave, FailedSaveKeepsThePreviousCheckpoint_FullDisk) {
 }
 
 TEST(CheckpointSave, UnwritableFolderIsOneClearLine) {
-  TempDir dir;
+  ScratchDir dir;
   spit(dir / "file", "not a folder");
   TinyCheckpoint ckpt;
   const std::string message = error_of([&] { ckpt.save(dir / "file/ckpt_last.pt"); });
@@ -220,7 +201,7 @@ TEST(CheckpointSave, UnwritableFolderIsOneClearLine) {
 }
 
 TEST(CheckpointLoad, TruncatedAndGarbageFilesAreOneLineErrors) {
-  TempDir dir;
+  ScratchDir dir;
   TinyCheckpoint ckpt;
   const std::string good = dir / "good.pt";
   ckpt.save(good);
@@ -248,7 +229,7 @@ TEST(CheckpointLoad, TruncatedAndGarbageFilesAreOneLineErrors) {
 
 // fuzz_checkpoint: a stored string with a newline and invalid UTF-8 was echoed raw into the error.
 TEST(CheckpointLoad, DamagedStringsAreEscapedInErrors) {
-  TempDir dir;
+  ScratchDir dir;
   TinyCheckpoint ckpt;
   ckpt.meta.model_config.pos_encoding = "rope\n\xff\x1b[31m";
   ckpt.save(dir / "ckpt.pt");
@@ -260,7 +241,7 @@ TEST(CheckpointLoad, DamagedStringsAreEscapedInErrors) {
 // A damaged size field must be rejected before the model is built: n_layer 4096 x n_embd 65536
 // would have the constructor allocate and fill ~700 TB (an OOM kill), block_size 2^20 a 1 TiB mask.
 TEST(CheckpointLoad, ConfigsTooLargeForTheFileAreRejectedBeforeAllocating) {
-  TempDir dir;
+  ScratchDir dir;
   TinyCheckpoint ckpt;
   ckpt.meta.model_config.n_layer = 4096;
   ckpt.meta.model_config.n_embd = 65536;
@@ -281,7 +262,7 @@ TEST(CheckpointLoad, ConfigsTooLargeForTheFileAreRejectedBeforeAllocating) {
 
 // A wrong rng.cpu passed every check and failed resume in LibTorch's generator (multi-line error).
 TEST(CheckpointLoad, RngStateThatIsNotAGeneratorStateIsOneLine) {
-  TempDir dir;
+  ScratchDir dir;
   TinyCheckpoint ckpt;
   ckpt.meta.torch_rng_state = torch::zeros({3});
   ckpt.save(dir / "ckpt.pt");
@@ -293,7 +274,7 @@ TEST(CheckpointLoad, RngStateThatIsNotAGeneratorStateIsOneLine) {
 // A checkpoint whose optimizer section lacks its entries failed resume with LibTorch's multi-line
 // c10::Error (found by fuzz_checkpoint).
 TEST(CheckpointLoad, MissingOptimizerStateIsOneLine) {
-  TempDir dir;
+  ScratchDir dir;
   TinyCheckpoint ckpt;
   const auto& m = ckpt.meta.model_config;
   torch::serialize::OutputArchive a, weights, empty_optimizer;
@@ -331,7 +312,7 @@ TEST(CheckpointLoad, MissingOptimizerStateIsOneLine) {
 // fuzz_checkpoint: a damaged class source (code/*.py, a deflated record) crashed LibTorch 1.13's
 // TorchScript parser with SIGSEGV. Rewrites a good checkpoint with one source line changed.
 TEST(CheckpointLoad, DamagedClassSourceIsOneLineNotACrash) {
-  TempDir dir;
+  ScratchDir dir;
   TinyCheckpoint ckpt;
   ckpt.save(dir / "good.pt");
   for (const std::string& bad : {std::string("  model : __torch__.\xff\x01(((\n"), std::string("  def f(self):\n")}) {
@@ -394,7 +375,7 @@ TEST(ConfigErrors, StrayCommaIsAnErrorNotAHang) {
 
 // fuzz_safetensors: names and JSON errors from the header were echoed with raw newlines.
 TEST(SafeTensorsErrors, NewlinesFromTheHeaderAreEscaped) {
-  TempDir dir;
+  ScratchDir dir;
   const auto file_with_header = [](std::string header) {
     header.append((8 - header.size() % 8) % 8, ' ');
     std::string out(8, '\0');

@@ -18,6 +18,7 @@
 #include "train/export.h"
 #include "train/json.h"
 #include "train/safetensors.h"
+#include "test_files.h"
 
 namespace fs = std::filesystem;
 using namespace nanogpt;
@@ -25,30 +26,9 @@ using train::json::Value;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("nanogpt_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void spit(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using nanogpt::testing::ScratchDir;
+using nanogpt::testing::slurp;
+using nanogpt::testing::spit;
 
 // A safetensors file from a hand-written header (padding added) and raw data bytes.
 std::string craft(std::string header, const std::string& data) {
@@ -105,10 +85,10 @@ std::vector<std::pair<std::string, torch::Tensor>> sample_tensors() {
 }  // namespace
 
 TEST(SafeTensors, RoundTripIsBitExact) {
-  TempDir dir;
+  ScratchDir dir;
   const auto tensors = sample_tensors();
-  train::write_safetensors(dir.file("t.safetensors"), tensors, {{"k", "v"}});
-  const auto back = train::read_safetensors(dir.file("t.safetensors"));
+  train::write_safetensors(dir / "t.safetensors", tensors, {{"k", "v"}});
+  const auto back = train::read_safetensors(dir / "t.safetensors");
   ASSERT_EQ(back.tensors.size(), tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     EXPECT_EQ(back.tensors[i].first, tensors[i].first);
@@ -121,7 +101,7 @@ TEST(SafeTensors, RoundTripIsBitExact) {
 }
 
 TEST(SafeTensors, MetadataRoundTripsAnyUtf8AndEscapes) {
-  TempDir dir;
+  ScratchDir dir;
   const std::map<std::string, std::string> metadata = {
       {"ascii", "hello"},
       {"quotes \"and\" \\backslashes\\", "say \"hi\" \\n is not a newline"},
@@ -130,19 +110,19 @@ TEST(SafeTensors, MetadataRoundTripsAnyUtf8AndEscapes) {
       {"empty", ""},
       {"json", R"({"n_layer": 6, "list": ["a", "\u00e9"]})"},
   };
-  train::write_safetensors(dir.file("m.safetensors"), {{"x", torch::ones({2})}}, metadata);
-  EXPECT_EQ(train::read_safetensors(dir.file("m.safetensors")).metadata, metadata);
+  train::write_safetensors(dir / "m.safetensors", {{"x", torch::ones({2})}}, metadata);
+  EXPECT_EQ(train::read_safetensors(dir / "m.safetensors").metadata, metadata);
   // No tensors and no metadata is a valid (tiny) file too.
-  train::write_safetensors(dir.file("none.safetensors"), {}, {});
-  const auto none = train::read_safetensors(dir.file("none.safetensors"));
+  train::write_safetensors(dir / "none.safetensors", {}, {});
+  const auto none = train::read_safetensors(dir / "none.safetensors");
   EXPECT_TRUE(none.tensors.empty());
   EXPECT_TRUE(none.metadata.empty());
 }
 
 TEST(SafeTensors, HeaderIsAlignedJsonWithContiguousOffsets) {
-  TempDir dir;
+  ScratchDir dir;
   const auto tensors = sample_tensors();
-  const std::string path = dir.file("h.safetensors");
+  const std::string path = dir / "h.safetensors";
   train::write_safetensors(path, tensors, {{"format", "test"}});
   const std::string bytes = slurp(path);
   uint64_t n = 0;
@@ -180,8 +160,8 @@ TEST(SafeTensors, HeaderIsAlignedJsonWithContiguousOffsets) {
 }
 
 TEST(SafeTensors, CorruptFilesThrowWithTheReason) {
-  TempDir dir;
-  const std::string path = dir.file("bad.safetensors");
+  ScratchDir dir;
+  const std::string path = dir / "bad.safetensors";
   const std::string f32x2 = std::string(8, '\0');  // two float zeros
   auto expect_error = [&](const std::string& bytes, const std::string& needle) {
     spit(path, bytes);
@@ -222,13 +202,13 @@ TEST(SafeTensors, CorruptFilesThrowWithTheReason) {
   expect_error(craft(R"({"__metadata__":{"n":1}})", ""), "must be strings");
   expect_error(craft(R"({"__metadata__":[]})", ""), "not an object");
   expect_error(craft(R"({"b":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"), "BOOL");
-  const std::string missing = dir.file("missing.safetensors");
+  const std::string missing = dir / "missing.safetensors";
   EXPECT_NE(error_of([&] { train::read_safetensors(missing); }).find("[export] cannot read"), std::string::npos);
 }
 
 TEST(SafeTensors, EveryTruncationOfAValidFileThrows) {
-  TempDir dir;
-  const std::string path = dir.file("full.safetensors");
+  ScratchDir dir;
+  const std::string path = dir / "full.safetensors";
   train::write_safetensors(path, {{"w", torch::randn({3, 2})}, {"b", torch::tensor({true, false})}}, {{"k", "v"}});
   const std::string bytes = slurp(path);
   for (size_t len = 0; len < bytes.size(); ++len) {
@@ -238,8 +218,8 @@ TEST(SafeTensors, EveryTruncationOfAValidFileThrows) {
 }
 
 TEST(SafeTensors, WriterRejectsBadInputAndLeavesTheTargetAlone) {
-  TempDir dir;
-  const std::string path = dir.file("w.safetensors");
+  ScratchDir dir;
+  const std::string path = dir / "w.safetensors";
   auto expect_error = [&](const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                           const std::map<std::string, std::string>& metadata, const std::string& needle) {
     const std::string message = error_of([&] { train::write_safetensors(path, tensors, metadata); });
@@ -254,7 +234,7 @@ TEST(SafeTensors, WriterRejectsBadInputAndLeavesTheTargetAlone) {
   expect_error({{"c", torch::ones({2}, torch::kComplexFloat)}}, {}, "does not support");
   expect_error({{"u", torch::Tensor()}}, {}, "undefined");
   expect_error({{"x", x}}, {{"bad", "\xc3"}}, "UTF-8");
-  const std::string nowhere = dir.file("no/such/dir/w.safetensors");
+  const std::string nowhere = dir / "no/such/dir/w.safetensors";
   EXPECT_NE(error_of([&] { train::write_safetensors(nowhere, {{"x", x}}, {}); }).find("[export] cannot write"),
             std::string::npos);
 }
@@ -302,7 +282,7 @@ TEST(Json, QuoteAndNumberRoundTrip) {
 }
 
 TEST(Export, WritesEveryParameterWithConfigAndVocab) {
-  TempDir dir;
+  ScratchDir dir;
   model::ModelConfig config;
   const std::string text = "hello, wörld! 中文\n\"quoted\" \\";
   train::LoadedModel loaded;
@@ -320,7 +300,7 @@ TEST(Export, WritesEveryParameterWithConfigAndVocab) {
   loaded.meta.iter = 250;
   loaded.meta.best_val_loss = 1.875;
 
-  const std::string path = dir.file("model.safetensors");
+  const std::string path = dir / "model.safetensors";
   train::export_safetensors(loaded, path);
   const auto st = train::read_safetensors(path);
 

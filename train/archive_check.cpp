@@ -26,6 +26,10 @@ namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 uint64_t le(const unsigned char* p, int bytes) {
   uint64_t v = 0;
   for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
@@ -399,10 +403,7 @@ void check_torch_archive(const std::string& path) {
     const size_t slash = name.find('/');
     if (slash == std::string::npos) continue;
     const std::string folder = name.substr(0, slash + 1), rest = name.substr(slash + 1);
-    const auto ends_with = [&](const std::string& suffix) {
-      return rest.size() >= suffix.size() && rest.compare(rest.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    if (!ends_with(".pkl") && !ends_with(".debug_pkl")) continue;
+    if (!ends_with(rest, ".pkl") && !ends_with(rest, ".debug_pkl")) continue;
     // data.pkl's tensors live in <folder>data/, constants.pkl's in <folder>constants/.
     const std::string storage_dir = folder + rest.substr(0, rest.rfind('.')) + "/";
     PickleChecker(name, read_record(file, record), records, storage_dir).run();
@@ -412,7 +413,7 @@ void check_torch_archive(const std::string& path) {
   try {
     caffe2::serialize::PyTorchStreamReader reader(path);
     for (const std::string& name : reader.getAllRecords()) {
-      if (name.compare(0, 5, "code/") != 0 || name.size() < 3 || name.compare(name.size() - 3, 3, ".py") != 0) continue;
+      if (name.compare(0, 5, "code/") != 0 || !ends_with(name, ".py")) continue;
       auto [data, size] = reader.getRecord(name);
       check_script_source(name, std::string(static_cast<const char*>(data.get()), size));
     }
