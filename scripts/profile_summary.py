@@ -19,9 +19,14 @@ def main():
         print(__doc__.strip(), file=sys.stderr)
         return 2
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 25
-    with open(sys.argv[1], encoding="utf-8") as f:
-        text = f.read().rstrip().rstrip(",")
-    events = [e for e in json.loads(text if text.endswith("]") else text + "]") if e.get("ph") == "X"]
+    try:
+        with open(sys.argv[1], encoding="utf-8") as f:
+            text = f.read().rstrip().rstrip(",")
+        events = [e for e in json.loads(text if text.endswith("]") else text + "]") if e.get("ph") == "X"]
+    except (OSError, ValueError, AttributeError) as e:
+        print(f"error: cannot read the trace '{sys.argv[1]}': {e} (make one with nanogpt bench --profile)",
+              file=sys.stderr)
+        return 1
     events.sort(key=lambda e: (e.get("tid", 0), e["ts"], -e.get("dur", 0)))
     total, self_time, calls = defaultdict(float), defaultdict(float), defaultdict(int)
     stack = []  # (tid, end, name) of the enclosing events

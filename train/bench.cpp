@@ -5,7 +5,10 @@
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -40,6 +43,14 @@ double sample_rate(model::GPT& model, int64_t batch, int64_t tokens, bool cache)
 }  // namespace
 
 BenchReport run_bench(const TrainConfig& config, const BenchOptions& options) {
+  // Opened first, so that an unwritable path fails now rather than silently after the steps.
+  std::ofstream profile_out;
+  if (!options.profile_path.empty()) {
+    profile_out.open(options.profile_path, std::ios::binary | std::ios::trunc);
+    if (!profile_out)
+      throw std::runtime_error("[bench] cannot write the profile '" + options.profile_path + "': " +
+                               std::strerror(errno) + " (does its folder exist?)");
+  }
   BenchReport r;
   r.threads = model::backend::set_threads(config.num_threads);
   const auto device = model::backend::resolve_device(config.device);
@@ -97,9 +108,13 @@ BenchReport run_bench(const TrainConfig& config, const BenchOptions& options) {
     if (i >= options.warmup) ms.push_back(seconds_since(t0) * 1000.0);
   }
   if (!options.profile_path.empty()) {  // after the timed steps, so that profiling does not slow them
-    torch::autograd::profiler::RecordProfile profile(options.profile_path);
-    for (int i = 0; i < 3; ++i)
-      train_step(model, optimizer, [&] { return sampler.next(device); }, config.learning_rate, step).item<double>();
+    {
+      torch::autograd::profiler::RecordProfile profile(profile_out);  // writes the trace when it ends
+      for (int i = 0; i < 3; ++i)
+        train_step(model, optimizer, [&] { return sampler.next(device); }, config.learning_rate, step).item<double>();
+    }
+    profile_out.close();
+    if (!profile_out) throw std::runtime_error("[bench] writing the profile '" + options.profile_path + "' failed");
   }
   if (!ms.empty()) {
     r.step_ms_mean = std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());
