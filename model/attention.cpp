@@ -16,7 +16,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config)
       head_size_(config.head_size()),
       block_size_(config.block_size),
       dropout_(config.dropout),
-      use_sdpa_(config.attention == "sdpa" || (config.attention == "auto" && backend::has_sdpa())) {
+      use_sdpa_(config.attention != "math") {
   const int64_t C = config.n_embd, kv_width = n_kv_head_ * head_size_;
   auto linear = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(config.bias); };
   q_proj = register_module("q_proj", torch::nn::Linear(linear(C, C)));
@@ -127,17 +127,18 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
       *fresh = cache->narrow(2, 0, end);  // (B, nkv, Tk, hs)
     }
   }
-  if (n_kv_head_ != n_head_) {  // each kv head serves n_head / n_kv_head consecutive query heads
-    k = k.repeat_interleave(n_head_ / n_kv_head_, 1);  // (B, nh, Tk, hs)
-    v = v.repeat_interleave(n_head_ / n_kv_head_, 1);
-  }
   torch::Tensor y;
   if (use_sdpa_ && !ctx.weights) {
+    // LibTorch's fused kernels; grouped-query heads are shared inside the kernel, not copied.
     const int64_t Tk = k.size(2);
     const bool plain_causal = T == Tk;  // no cached prefix: the kernel's own causal mask fits
     auto mask = (plain_causal || T == 1) ? torch::Tensor() : causal_mask(ctx.start_pos, T, Tk, x.device());
     y = backend::sdpa(q, k, v, mask, plain_causal && T > 1, is_training() ? dropout_ : 0.0);  // (B, nh, T, hs)
   } else {
+    if (n_kv_head_ != n_head_) {  // each kv head serves n_head / n_kv_head consecutive query heads
+      k = k.repeat_interleave(n_head_ / n_kv_head_, 1);  // (B, nh, Tk, hs)
+      v = v.repeat_interleave(n_head_ / n_kv_head_, 1);
+    }
     y = math_attention(q, k, v, ctx.start_pos, ctx.weights);  // (B, nh, T, hs)
   }
   y = y.transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C): heads side by side

@@ -1,6 +1,5 @@
-// The one place that knows which LibTorch it is built against. SDPA (LibTorch >= 2.0), autocast
-// (whose C++ API changed in 2.4) and CUDA queries sit here behind compile-time guards, so the rest
-// of the code builds unchanged on Debian's LibTorch 1.13 (CPU) and on LibTorch 2.x (CUDA).
+// The device- and runtime-specific LibTorch calls (fused attention, autocast, CUDA queries, threads)
+// in one small file, so the rest of the code reads the same on the CPU and on CUDA.
 #pragma once
 
 #include <torch/torch.h>
@@ -9,16 +8,17 @@
 
 namespace nanogpt::model::backend {
 
-/// "1.13.0", "2.5.1", ...
+/// "2.11.0", ...
 std::string torch_version();
 
-/// True when at::scaled_dot_product_attention exists (LibTorch >= 2.0).
-bool has_sdpa();
+/// True when this LibTorch was built with CUDA (whether or not a GPU is present).
+bool cuda_compiled();
 
-/// softmax(q kᵀ / √hs + mask) v through LibTorch's fused kernel. q (B, nh, Tq, hs), k and v
-/// (B, nh, Tk, hs); causal_mask is either undefined (no mask, every key visible), or bool (Tq, Tk)
-/// with true = masked out. `is_causal` uses the kernel's own mask (only when Tq == Tk).
-/// Throws on LibTorch < 2.0.
+/// softmax(q kᵀ / √hs + mask) v through LibTorch's scaled_dot_product_attention, which picks a
+/// fused (flash / memory-efficient) kernel on the CPU and on CUDA where the inputs allow.
+/// q (B, nh, Tq, hs), k and v (B, nkv, Tk, hs) with nh a multiple of nkv (grouped-query heads);
+/// causal_mask is either undefined (no mask, every key visible), or bool (Tq, Tk) with true =
+/// masked out. `is_causal` uses the kernel's own mask (only when Tq == Tk).
 torch::Tensor sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const torch::Tensor& causal_mask, bool is_causal, double dropout_p);
 
@@ -33,7 +33,7 @@ class AutocastGuard {
 
  private:
   bool enabled_;
-  bool cuda_;
+  c10::DeviceType device_type_;
   bool previous_enabled_ = false;
   torch::ScalarType previous_dtype_ = torch::kFloat;
 };
@@ -42,7 +42,7 @@ class AutocastGuard {
 /// for and not available (names the LibTorch build and a hint).
 torch::Device resolve_device(const std::string& name);
 
-/// Sets LibTorch's intra-op threads: n > 0 as given, 0 = every core (Debian's LibTorch defaults to 1).
+/// Sets LibTorch's intra-op threads: n > 0 as given, 0 = every core.
 /// Returns the number set.
 int64_t set_threads(int64_t n);
 

@@ -4,8 +4,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "model/backend.h"
-
 namespace nanogpt::model {
 namespace {
 [[noreturn]] void fail(const std::string& message) { throw std::invalid_argument("[model] " + message); }
@@ -42,9 +40,6 @@ void ModelConfig::validate() const {
   if (norm != "layernorm" && norm != "rmsnorm") fail("norm '" + norm + "' is not one of layernorm | rmsnorm");
   if (attention != "math" && attention != "sdpa" && attention != "auto")
     fail("attention '" + attention + "' is not one of math | sdpa | auto");
-  if (attention == "sdpa" && !backend::has_sdpa())
-    fail("attention 'sdpa' needs LibTorch >= 2.0, this build has " + backend::torch_version() +
-         " (use attention: math or auto)");
 }
 
 }  // namespace nanogpt::model

@@ -21,7 +21,7 @@ struct ModelConfig {
   std::string pos_encoding = "rope";   // rope | sinusoidal | learned
   double rope_base = 10000.0;       // RoPE frequency base
   std::string norm = "layernorm";   // layernorm | rmsnorm
-  std::string attention = "auto";   // math | sdpa | auto (sdpa where LibTorch has it, else math)
+  std::string attention = "auto";   // math (the lesson, written out) | sdpa (LibTorch's fused kernels) | auto (= sdpa)
 
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_size() const { return n_embd / n_head; }

@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
-# Configures and builds nanogpt-cpp (Release) into build/. Extra arguments go to CMake's
-# configure step, e.g. scripts/build.sh -DNANOGPT_BUILD_TESTS=OFF.
+# Configures and builds nanogpt-cpp (Release) into build/ against the LibTorch of scripts/setup.sh's
+# environment. Extra arguments go to CMake's configure step, e.g. scripts/build.sh -DNANOGPT_BUILD_TESTS=OFF,
+# or -DCMAKE_PREFIX_PATH=/path/to/libtorch for an unpacked official LibTorch instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/env.sh
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
+prefix=()
+if torch_cmake=$("$NANOGPT_PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
+  prefix=(-DCMAKE_PREFIX_PATH="$torch_cmake")
+  # A build folder configured against another LibTorch (an older pin, Debian's 1.13) starts afresh.
+  if [[ -f build/CMakeCache.txt ]] && ! grep -q "^Torch_DIR:PATH=$torch_cmake/Torch\$" build/CMakeCache.txt &&
+     [[ " $* " != *CMAKE_PREFIX_PATH* ]]; then
+    echo "[build] build/ was configured against another LibTorch: reconfiguring"
+    rm -f build/CMakeCache.txt
+  fi
+elif [[ " $* " != *CMAKE_PREFIX_PATH* && ! -f build/CMakeCache.txt ]]; then
+  echo "[build] error: no LibTorch: run scripts/setup.sh, or pass -DCMAKE_PREFIX_PATH=/path/to/libtorch" >&2
+  exit 1
+fi
 if [[ ! -f build/CMakeCache.txt ]]; then
-  cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
+  cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" "$@"
 elif (($#)); then
   cmake -S . -B build "$@"
 fi

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages nanogpt-cpp needs, only those that are missing, then checks
-# that BLAS is OpenBLAS (Debian's reference BLAS makes LibTorch's matmuls ~25x slower).
+# Installs what nanogpt-cpp needs, only what is missing: the Debian 12 packages (build tools and
+# libraries), then PyTorch (pinned in scripts/env.sh) from Python's package index into a virtual
+# environment in a cache folder outside the clone. The wheel carries a complete LibTorch (headers,
+# CMake config, CPU and CUDA libraries, its own OpenMP runtime); CMake finds it through
+# torch.utils.cmake_prefix_path (scripts/build.sh). The environment also has numpy and safetensors
+# for the Python checks in the test suite, and serves to run nanoGPT side by side.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
 
-packages=(cmake g++ ninja-build libtorch-dev libyaml-cpp-dev libspdlog-dev libgtest-dev libcli11-dev
-          libstb-dev libgloo-dev libopenblas0-openmp)
+packages=(cmake g++ ninja-build python3 python3-venv libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev
+          libcli11-dev libstb-dev nlohmann-json3-dev)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -21,11 +27,28 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
-  echo "[setup] all packages present"
+  echo "[setup] all Debian packages present"
 fi
 
-blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
-if [[ $blas != *openblas* ]]; then
-  echo "[setup] warning: libblas.so.3 points at '${blas:-nothing}', not OpenBLAS: LibTorch will be ~25x slower." >&2
-  echo "[setup]          fix: sudo update-alternatives --config libblas.so.3-x86_64-linux-gnu" >&2
+# PyTorch: reuse the cached environment when it is complete and holds the pinned version. The
+# marker file is written last, so an interrupted install is redone, never taken for a complete one.
+have=""
+if [[ -f $NANOGPT_VENV/.nanogpt-complete ]]; then
+  have=$("$NANOGPT_PYTHON" -c 'import torch, numpy, safetensors; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
 fi
+if [[ $have == "$NANOGPT_TORCH_VERSION" ]]; then
+  echo "[setup] torch $NANOGPT_TORCH_VERSION present in $NANOGPT_VENV"
+else
+  echo "[setup] installing torch==$NANOGPT_TORCH_VERSION into $NANOGPT_VENV (one download of ~2.5 GB, cached for later set-ups)"
+  python=/usr/bin/python3  # Debian's (python3-venv above); a pyenv or conda python3 may lack venv
+  [[ -x $python ]] || python=$(command -v python3)
+  rm -rf "$NANOGPT_VENV"
+  mkdir -p "$NANOGPT_CACHE_DIR"
+  "$python" -m venv "$NANOGPT_VENV"
+  if ! "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check "torch==$NANOGPT_TORCH_VERSION" numpy safetensors; then
+    echo "[setup] error: could not install torch==$NANOGPT_TORCH_VERSION from the package index (offline? see pip's message above)" >&2
+    exit 1
+  fi
+  touch "$NANOGPT_VENV/.nanogpt-complete"
+fi
+"$NANOGPT_PYTHON" -c "import torch; print('[setup] LibTorch', torch.__version__, '(CUDA', str(torch.version.cuda) + ')', 'at', torch.utils.cmake_prefix_path)"

@@ -92,7 +92,7 @@ TEST(Cli, TrainRejectsBadInputWithOneLine) {
   std::ofstream(dir.path + "/bad.yaml") << "max_iters: 10\nwarmup: 3\n";
   expect_one_error_line(run("train " + dir.path + "/bad.yaml", dir.path), "warmup");
   if (!torch::cuda::is_available())
-    expect_one_error_line(run("train " + cfg + " --device=cuda", dir.path), "CUDA is not available");
+    expect_one_error_line(run("train " + cfg + " --device=cuda", dir.path), "no CUDA GPU is available");
 }
 
 TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {

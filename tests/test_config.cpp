@@ -316,11 +316,17 @@ TEST(Config, ScheduleChecksApplyOnlyWithDecay) {
   EXPECT_NO_THROW(c.validate());
 }
 
-TEST(Config, Float16IsRejectedWithABfloat16Hint) {
-  const std::string msg = validate_error({"--dtype=float16"});
-  EXPECT_NE(msg.find("dtype (float16)"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("bfloat16"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("GradScaler"), std::string::npos) << msg;
+TEST(Config, DtypesMapToAutocastAndUnknownOnesNameTheChoices) {
+  TrainConfig c;
+  for (const auto& [name, dtype] : {std::pair<std::string, torch::ScalarType>{"float32", torch::kFloat},
+                                    {"bfloat16", torch::kBFloat16}, {"float16", torch::kHalf}}) {
+    apply_overrides(c, {"--dtype=" + name});
+    EXPECT_NO_THROW(c.validate()) << name;
+    EXPECT_EQ(c.autocast_dtype(), dtype) << name;
+  }
+  const std::string msg = validate_error({"--dtype=float8"});
+  EXPECT_NE(msg.find("dtype (float8)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("float16 with dynamic loss scaling"), std::string::npos) << msg;
 }
 
 TEST(Config, AcceptedEdgeValuesValidate) {

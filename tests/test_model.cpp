@@ -84,22 +84,82 @@ TEST(Attention, WeightsRowsSumToOneAndAreCausal) {
   EXPECT_EQ(w.triu(1).abs().max().item<float>(), 0.0f);
 }
 
-TEST(Attention, SdpaMatchesMath) {
-  if (!backend::has_sdpa()) GTEST_SKIP() << "LibTorch " << backend::torch_version() << " has no SDPA";
+namespace {
+// max |a - b| / max |b|: one number per tensor, independent of where the large values sit.
+double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto a64 = a.to(torch::kDouble), b64 = b.to(torch::kDouble);
+  return ((a64 - b64).abs().max() / b64.abs().max().clamp_min(1e-30)).item<double>();
+}
+}  // namespace
+
+// The fused path (scaled_dot_product_attention) against the written-out lesson (math), forward and
+// backward, in fp32 and under bf16 autocast, for multi-head and grouped-query attention, with RoPE
+// and with learned positions: the logits and every parameter's gradient.
+TEST(Attention, SdpaMatchesMathOutputsAndGradients) {
+  struct Case {
+    int64_t n_kv_head;
+    const char* pos;
+    bool bf16;
+  };
+  for (const Case c : {Case{4, "rope", false}, Case{2, "rope", false}, Case{4, "learned", false},
+                       Case{1, "learned", false}, Case{4, "rope", true}, Case{2, "rope", true},
+                       Case{4, "learned", true}, Case{2, "learned", true}}) {
+    SCOPED_TRACE(std::string("n_kv_head=") + std::to_string(c.n_kv_head) + " pos=" + c.pos +
+                 (c.bf16 ? " bf16" : " fp32"));
+    auto math_cfg = tiny(c.pos);
+    math_cfg.n_kv_head = c.n_kv_head;
+    math_cfg.block_size = 32;
+    auto sdpa_cfg = math_cfg;
+    sdpa_cfg.attention = "sdpa";
+    torch::manual_seed(2);
+    GPT math_model(math_cfg), sdpa_model(sdpa_cfg);
+    {
+      torch::NoGradGuard no_grad;
+      auto src = math_model->named_parameters();
+      for (auto& p : sdpa_model->named_parameters()) p.value().copy_(src[p.key()]);
+    }
+    auto idx = torch::randint(11, {3, 32});
+    auto run = [&](GPT& model) {
+      model->zero_grad();
+      torch::Tensor logits;
+      {
+        backend::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, c.bf16);
+        logits = model->logits(idx);  // (B, T, V)
+      }
+      (logits.to(torch::kFloat).pow(2).mean()).backward();  // a loss that weighs every logit
+      return logits;
+    };
+    auto logits_math = run(math_model), logits_sdpa = run(sdpa_model);
+    const double tol = c.bf16 ? 2e-2 : 1e-5;
+    EXPECT_LE(relative_error(logits_sdpa, logits_math), tol);
+    auto grads_math = math_model->named_parameters();
+    for (auto& p : sdpa_model->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_LE(relative_error(p.value().grad(), grads_math[p.key()].grad()), tol) << p.key();
+    }
+  }
+}
+
+// The same through the KV cache (a prefix, then a chunk that sees it through an explicit mask).
+TEST(Attention, SdpaMatchesMathThroughTheCache) {
   torch::manual_seed(2);
-  auto math_cfg = tiny(), sdpa_cfg = tiny();
-  sdpa_cfg.attention = "sdpa";
-  GPT math_model(math_cfg), sdpa_model(sdpa_cfg);
-  torch::NoGradGuard no_grad;
-  auto src = math_model->named_parameters();
-  for (auto& p : sdpa_model->named_parameters()) p.value().copy_(src[p.key()]);
-  auto idx = torch::randint(11, {2, 8});
-  EXPECT_TRUE(torch::allclose(math_model->logits(idx), sdpa_model->logits(idx), 1e-4, 1e-5));
-  auto cache_m = math_model->make_cache(), cache_s = sdpa_model->make_cache();
-  math_model->forward_cached(idx.narrow(1, 0, 5), cache_m);
-  sdpa_model->forward_cached(idx.narrow(1, 0, 5), cache_s);
-  EXPECT_TRUE(torch::allclose(math_model->forward_cached(idx.narrow(1, 5, 3), cache_m),
-                              sdpa_model->forward_cached(idx.narrow(1, 5, 3), cache_s), 1e-4, 1e-5));
+  for (int64_t nkv : {4, 2}) {
+    auto math_cfg = tiny();
+    math_cfg.n_kv_head = nkv;
+    auto sdpa_cfg = math_cfg;
+    sdpa_cfg.attention = "sdpa";
+    GPT math_model(math_cfg), sdpa_model(sdpa_cfg);
+    torch::NoGradGuard no_grad;
+    auto src = math_model->named_parameters();
+    for (auto& p : sdpa_model->named_parameters()) p.value().copy_(src[p.key()]);
+    auto idx = torch::randint(11, {2, 8});
+    auto cache_m = math_model->make_cache(), cache_s = sdpa_model->make_cache();
+    math_model->forward_cached(idx.narrow(1, 0, 5), cache_m);
+    sdpa_model->forward_cached(idx.narrow(1, 0, 5), cache_s);
+    EXPECT_LE(relative_error(sdpa_model->forward_cached(idx.narrow(1, 5, 3), cache_s),
+                             math_model->forward_cached(idx.narrow(1, 5, 3), cache_m)),
+              1e-5);
+  }
 }
 
 TEST(Attention, GroupedQueryWithAllHeadsEqualsMultiHead) {
@@ -314,11 +374,9 @@ TEST(ModelConfig, RejectsImpossibleCombinationsNamingValues) {
   c = tiny();
   c.pos_encoding = "alibi";
   expect_error(c, "alibi");
-  if (!backend::has_sdpa()) {
-    c = tiny();
-    c.attention = "sdpa";
-    expect_error(c, "LibTorch >= 2.0");
-  }
+  c = tiny();
+  c.attention = "flash";
+  expect_error(c, "attention 'flash' is not one of math | sdpa | auto");
 }
 
 TEST(Dropout, DropsAboutPScalesTheRestAndIsSeeded) {

@@ -233,7 +233,7 @@ TEST(Train, BadSetupsAreClearErrors) {
   if (!torch::cuda::is_available()) {
     c = tiny_config(dir.path);
     c.device = "cuda";
-    expect_error(c, "CUDA is not available");
+    expect_error(c, "no CUDA GPU is available");
   }
   c = tiny_config(dir.path);
   std::ofstream(dir.path + "/a_file") << "x";

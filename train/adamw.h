@@ -32,6 +32,8 @@ class FlatAdamW {
   void step(double lr);
   /// Zeroes the gradients in place (they stay views into the flat buffer).
   void zero_grad();
+  /// The flat gradient buffers, one per group (every parameter's .grad() is a view into one).
+  std::vector<torch::Tensor> flat_grads() const { return {groups_[0].grad, groups_[1].grad}; }
 
   int64_t steps() const { return step_; }
   /// Names of the parameters in the decay / no-decay groups, in order.

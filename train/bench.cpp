@@ -54,7 +54,6 @@ BenchReport run_bench(const TrainConfig& config, const BenchOptions& options) {
   BenchReport r;
   r.threads = model::backend::set_threads(config.num_threads);
   const auto device = model::backend::resolve_device(config.device);
-  const bool bf16 = config.dtype == "bfloat16";
   r.torch_version = model::backend::torch_version();
   r.device = device.str();
   r.dtype = config.dtype;
@@ -69,8 +68,8 @@ BenchReport run_bench(const TrainConfig& config, const BenchOptions& options) {
 
   // GEMMs: a large square, and the model's own shapes (rows = tokens in a micro-batch).
   const int64_t square = device.is_cuda() ? 4096 : 1024;
-  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    const std::string name = dtype == torch::kFloat ? "float32" : "bfloat16";
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const std::string name = dtype == torch::kFloat ? "float32" : dtype == torch::kBFloat16 ? "bfloat16" : "float16";
     r.gemm.push_back({"square", name, square, square, square, measure_gemm_flops(device, dtype, square, square, square) / 1e9});
     r.gemm.push_back({"q/k/v/c_proj", name, BT, C, C, measure_gemm_flops(device, dtype, BT, C, C) / 1e9});
     r.gemm.push_back({"mlp c_fc", name, BT, C, 4 * C, measure_gemm_flops(device, dtype, BT, C, 4 * C) / 1e9});
@@ -97,8 +96,10 @@ BenchReport run_bench(const TrainConfig& config, const BenchOptions& options) {
   StepOptions step;
   step.gradient_accumulation_steps = config.gradient_accumulation_steps;
   step.grad_clip = config.grad_clip;
-  step.autocast_bf16 = bf16;
+  step.autocast_dtype = config.autocast_dtype();
   step.device = device;
+  GradScaler scaler(device, step.autocast_dtype == torch::kHalf);
+  if (scaler.enabled()) step.scaler = &scaler;
   model->train();
   std::vector<double> ms;
   for (int64_t i = 0; i < options.warmup + options.iters; ++i) {

@@ -206,6 +206,9 @@ CheckpointMeta read_meta(InputArchive& a, const std::string& path, uint64_t file
   meta.config_yaml = read_string(a, path, "config_yaml");
   meta.sampler_state = read_string(a, path, "sampler_state");
   meta.eval_done = read_bool(a, path, "eval_done");
+  c10::IValue scale, growth;  // absent in checkpoints from before float16 training: no scaler then
+  if (a.try_read("loss_scale", scale) && scale.isDouble()) meta.loss_scale = scale.toDouble();
+  if (a.try_read("loss_scale_growth", growth) && growth.isInt()) meta.loss_scale_growth = growth.toInt();
   meta.model_config = read_model_config(a, path, file_size);
   try {
     meta.vocab = data::Vocab::deserialize(read_string(a, path, "vocab"));
@@ -285,6 +288,8 @@ void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW
   archive.write("vocab", meta.vocab.serialize());
   archive.write("sampler_state", meta.sampler_state);
   archive.write("eval_done", meta.eval_done);
+  archive.write("loss_scale", meta.loss_scale);
+  archive.write("loss_scale_growth", meta.loss_scale_growth);
   write_model_config(archive, meta.model_config);
   archive.write("rng.cpu", meta.torch_rng_state);
   if (meta.cuda_rng_state.defined()) archive.write("rng.cuda", meta.cuda_rng_state);

@@ -30,6 +30,8 @@ struct CheckpointMeta {
   torch::Tensor torch_rng_state;     // CPU default generator state (dropout)
   torch::Tensor cuda_rng_state;      // CUDA default generator state, when trained on CUDA
   bool eval_done = false;            // the evaluation at `iter` already ran (resume skips it)
+  double loss_scale = 1.0;           // float16: the GradScaler's scale (train/grad_scaler.h); 1 otherwise
+  int64_t loss_scale_growth = 0;     // float16: good steps in a row since the scale last changed
 };
 
 /// A model ready for inference, loaded from a checkpoint.

@@ -326,6 +326,12 @@ std::vector<std::string> config_keys() {
   return names;
 }
 
+torch::ScalarType TrainConfig::autocast_dtype() const {
+  if (dtype == "bfloat16") return torch::kBFloat16;
+  if (dtype == "float16") return torch::kHalf;
+  return torch::kFloat;
+}
+
 void TrainConfig::validate() const {
   // Each rule is written as what must hold, so NaN (never parsed, but settable in code) fails too.
   auto check = [](bool ok, const std::string& key, const std::string& value, const std::string& rule) {
@@ -385,10 +391,8 @@ void TrainConfig::validate() const {
   const bool cuda_n = device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
                       device.find_first_not_of("0123456789", 5) == std::string::npos;
   check(in(device, {"auto", "cpu", "cuda"}) || cuda_n, "device", device, "must be auto, cpu, cuda or cuda:N");
-  check(in(dtype, {"float32", "bfloat16"}), "dtype", dtype,
-        dtype == "float16" ? "must be float32 or bfloat16: float16 needs a GradScaler, which nanogpt-cpp does not have; "
-                             "use bfloat16 (float32's range, no loss scaling)"
-                           : "must be float32 or bfloat16");
+  check(in(dtype, {"float32", "bfloat16", "float16"}), "dtype", dtype,
+        "must be float32, bfloat16 or float16 (float16 with dynamic loss scaling, for GPUs without bf16)");
   check(seed >= 0, "seed", i(seed), "must be >= 0");
   check(num_threads >= 0, "num_threads", i(num_threads), "must be >= 0 (0 = all cores)");
 }

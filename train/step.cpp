@@ -14,14 +14,18 @@ torch::Tensor train_step(model::GPT& model, FlatAdamW& optimizer,
     auto [x, y] = next_batch();  // (B, T) each
     torch::Tensor loss;
     {
-      model::backend::AutocastGuard autocast(options.device, torch::kBFloat16, options.autocast_bf16);
+      model::backend::AutocastGuard autocast(options.device, options.autocast_dtype,
+                                             options.autocast_dtype != torch::kFloat);
       loss = model->forward(x, y).second;
     }
-    (loss * scale).backward();
+    auto micro_loss = loss * scale;
+    (options.scaler ? options.scaler->scale(micro_loss) : micro_loss).backward();
     loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
   }
+  if (options.scaler) options.scaler->unscale(optimizer.flat_grads());  // before clipping sees them
   if (options.grad_clip > 0.0) optimizer.clip_grad_norm(options.grad_clip);
-  optimizer.step(lr);
+  if (!options.scaler || options.scaler->step_ok()) optimizer.step(lr);
+  if (options.scaler) options.scaler->update();
   optimizer.zero_grad();
   return loss_sum;
 }

@@ -1,5 +1,6 @@
 // One optimizer step, shared by the training loop and the benchmark: gradient accumulation over
-// micro-batches (under bf16 autocast when asked), global-norm clipping, AdamW, zeroed gradients.
+// micro-batches (under bf16 or fp16 autocast when asked), loss scaling for fp16, global-norm
+// clipping, AdamW, zeroed gradients.
 #pragma once
 
 #include <torch/torch.h>
@@ -9,14 +10,16 @@
 
 #include "model/gpt.h"
 #include "train/adamw.h"
+#include "train/grad_scaler.h"
 
 namespace nanogpt::train {
 
 struct StepOptions {
   int64_t gradient_accumulation_steps = 1;
   double grad_clip = 1.0;  // 0 = off
-  bool autocast_bf16 = false;
+  torch::ScalarType autocast_dtype = torch::kFloat;  // kBFloat16 / kHalf: autocast; kFloat: off
   torch::Device device = torch::kCPU;
+  GradScaler* scaler = nullptr;  // float16: dynamic loss scaling; a step with inf/NaN gradients is skipped
 };
 
 /// Runs one step at learning rate `lr`, drawing each micro-batch (x, y) from `next_batch`.

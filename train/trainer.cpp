@@ -68,7 +68,8 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   config_.validate();
   model::backend::set_threads(config_.num_threads);
   device_ = model::backend::resolve_device(config_.device);
-  autocast_ = config_.dtype == "bfloat16";
+  amp_dtype_ = config_.autocast_dtype();
+  scaler_ = std::make_unique<GradScaler>(device_, amp_dtype_ == torch::kHalf);
 
   // out_dir: create it and prove it writable before any work is done.
   std::error_code ec;
@@ -129,6 +130,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     iter_ = state.iter;
     best_val_loss_ = state.best_val_loss;
     resumed_eval_done_ = state.eval_done;
+    if (scaler_->enabled()) scaler_->restore(state.loss_scale, state.loss_scale_growth);
     log_->info("[ckpt] resumed from {} at iter {} (best val {:.4f})", last_path, iter_, best_val_loss_);
   }
 }
@@ -153,7 +155,7 @@ double Trainer::estimate_loss(const std::string& split) {
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().device(device_));
   for (int64_t k = 0; k < config_.eval_iters; ++k) {
     auto [x, y] = eval_sampler.next(device_);
-    model::backend::AutocastGuard autocast(device_, torch::kBFloat16, autocast_);
+    model::backend::AutocastGuard autocast(device_, amp_dtype_, amp_dtype_ != torch::kFloat);
     sum += model_->forward(x, y).second;
   }
   model_->train();
@@ -171,6 +173,8 @@ void Trainer::save(const std::string& path, bool eval_done) {
   meta.torch_rng_state = get_rng_state(torch::kCPU);
   if (device_.is_cuda()) meta.cuda_rng_state = get_rng_state(device_);
   meta.eval_done = eval_done;
+  meta.loss_scale = scaler_->current_scale();
+  meta.loss_scale_growth = scaler_->growth_tracker();
   save_checkpoint(path, model_, *optimizer_, meta);
   log_->info("[ckpt] saved {} (iter {})", path, iter_);
 }
@@ -181,7 +185,7 @@ TrainResult Trainer::run() {
   const bool resumed = config_.init_from == "resume";
   MetricsLog metrics(metrics_path, resumed ? iter_ : -1, resumed_eval_done_);
   log_start();
-  peak_flops_ = measure_peak_flops(device_, autocast_ ? torch::kBFloat16 : torch::kFloat);
+  peak_flops_ = measure_peak_flops(device_, amp_dtype_);
   log_->info("[train] MFU is against a measured {} GEMM peak of {:.0f} GFLOP/s", config_.dtype, peak_flops_ / 1e9);
 
   const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.block_size;
@@ -192,7 +196,8 @@ TrainResult Trainer::run() {
   StepOptions step_options;
   step_options.gradient_accumulation_steps = config_.gradient_accumulation_steps;
   step_options.grad_clip = config_.grad_clip;
-  step_options.autocast_bf16 = autocast_;
+  step_options.autocast_dtype = amp_dtype_;
+  step_options.scaler = scaler_->enabled() ? scaler_.get() : nullptr;
   step_options.device = device_;
   double last_val = std::nan("");
   TrainResult result;

@@ -16,6 +16,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/grad_scaler.h"
 #include "train/lr_schedule.h"
 
 namespace nanogpt::train {
@@ -49,7 +50,8 @@ class Trainer {
 
   TrainConfig config_;
   torch::Device device_{torch::kCPU};
-  bool autocast_ = false;
+  torch::ScalarType amp_dtype_ = torch::kFloat;  // autocast dtype; kFloat = none
+  std::unique_ptr<GradScaler> scaler_;           // float16 only
   std::shared_ptr<spdlog::logger> log_;
   data::Vocab vocab_;
   torch::Tensor train_tokens_, val_tokens_;

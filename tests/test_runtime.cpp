@@ -1,0 +1,73 @@
+// The process's runtime: one OpenMP runtime (LibTorch's own) shared by LibTorch and our parallel
+// loops, those loops really running on several threads, and the device choice on a machine
+// without a GPU.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "model/backend.h"
+#include "model/dropout.h"
+
+namespace {
+
+// Distinct files mapped into this process whose name is an OpenMP runtime (GNU libgomp, LLVM's
+// libomp, Intel's libiomp5, with or without a hash in the name as wheels vendor them).
+std::set<std::string> mapped_openmp_runtimes() {
+  std::ifstream maps("/proc/self/maps");
+  const std::regex openmp(R"((^|/)lib(g|i)?omp[0-9]*(-[0-9a-f]+)?\.so[.0-9]*$)");
+  std::set<std::string> files;
+  std::string line;
+  while (std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    if (std::regex_search(path, openmp)) files.insert(path);
+  }
+  return files;
+}
+
+}  // namespace
+
+TEST(Runtime, ExactlyOneOpenMPRuntimeIsMapped) {
+  // Make both sides use their runtime: a LibTorch kernel and one of our own parallel loops.
+  torch::set_num_threads(2);
+  auto a = torch::randn({256, 256});
+  auto product = a.matmul(a).sum();
+  auto dropped = nanogpt::model::fast_dropout(torch::ones({1 << 16}), 0.5, true);
+  ASSERT_TRUE(product.defined() && dropped.defined());
+  const auto runtimes = mapped_openmp_runtimes();
+  std::string names;
+  for (const auto& r : runtimes) names += r + " ";
+  EXPECT_EQ(runtimes.size(), 1u) << "OpenMP runtimes mapped: " << names;
+}
+
+TEST(Runtime, OurParallelLoopsUseSeveralThreads) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one core: nothing to run in parallel";
+  torch::set_num_threads(2);
+  std::mutex m;
+  std::set<int> threads;
+  // at::parallel_for is compiled in this file: with -fopenmp and LibTorch's runtime it fans out.
+  at::parallel_for(0, 1 << 12, 1, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lock(m);
+    threads.insert(at::get_thread_num());
+  });
+  EXPECT_EQ(threads.size(), 2u);
+}
+
+TEST(Runtime, AutoDeviceIsTheCpuWithoutAGpuAndCudaIsAClearError) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA GPU is present (tests/test_cuda.cpp covers it)";
+  EXPECT_EQ(nanogpt::model::backend::resolve_device("auto"), torch::Device(torch::kCPU));
+  try {
+    nanogpt::model::backend::resolve_device("cuda");
+    FAIL() << "no error for --device=cuda without a GPU";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA GPU is available"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--device=cpu"), std::string::npos) << e.what();
+  }
+}
