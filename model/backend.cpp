@@ -2,6 +2,10 @@
 #include "model/backend.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/cpu/Utils.h>
+#if NANOGPT_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 #include <torch/version.h>
 
 #include <algorithm>
@@ -41,6 +45,26 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
 }
 
+bool has_fast_bf16(torch::Device device) {
+  if (device.is_cuda()) {
+#if NANOGPT_TORCH_CUDA
+    return at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->major >= 8;
+#else
+    return false;
+#endif
+  }
+  // cpuinfo's flags as LibTorch reports them.
+  for (const auto& [name, value] : at::cpu::get_cpu_capabilities())
+    if ((name == "avx512_bf16" || name == "amx_bf16") && value.isBool() && value.toBool()) return true;
+  return false;
+}
+
+std::string resolve_dtype(const std::string& dtype, torch::Device device) {
+  if (dtype != "auto") return dtype;
+  if (has_fast_bf16(device)) return "bfloat16";
+  return device.is_cuda() ? "float16" : "float32";
+}
+
 torch::Device resolve_device(const std::string& name) {
   if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   if (name == "cpu") return torch::kCPU;
@@ -62,6 +86,13 @@ int64_t set_threads(int64_t n) {
   if (n <= 0) n = std::max<int64_t>(1, std::thread::hardware_concurrency());
   torch::set_num_threads(static_cast<int>(n));
   return n;
+}
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
+  const std::string what = e.what();
+  return what.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos ||
+         what.find("DefaultCPUAllocator: not enough memory") != std::string::npos;
 }
 
 void synchronize(torch::Device device) {

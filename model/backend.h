@@ -38,6 +38,16 @@ class AutocastGuard {
   torch::ScalarType previous_dtype_ = torch::kFloat;
 };
 
+/// Whether `device` multiplies bf16 matrices in hardware: a CUDA GPU of compute capability >= 8.0
+/// (Ampere), or a CPU with AVX-512 BF16 or AMX. Without it LibTorch's bf16 GEMM falls back to
+/// scalar code (~100x slower than fp32 on an AVX2-only CPU).
+bool has_fast_bf16(torch::Device device);
+
+/// The training dtype for config value `dtype`: "auto" becomes bfloat16 where the device has fast
+/// bf16, else float16 on CUDA (with loss scaling, as nanoGPT picks) and float32 on the CPU; other
+/// values are returned unchanged.
+std::string resolve_dtype(const std::string& dtype, torch::Device device);
+
 /// Resolves "auto" | "cpu" | "cuda" | "cuda:N" to a device. Throws "[device] ..." when CUDA is asked
 /// for and not available (names the LibTorch build and a hint).
 torch::Device resolve_device(const std::string& name);
@@ -45,6 +55,10 @@ torch::Device resolve_device(const std::string& name);
 /// Sets LibTorch's intra-op threads: n > 0 as given, 0 = every core.
 /// Returns the number set.
 int64_t set_threads(int64_t n);
+
+/// True when `e` is an allocation failure: CUDA's c10::OutOfMemoryError, or the CPU allocator's
+/// "can't allocate memory".
+bool is_out_of_memory(const std::exception& e);
 
 /// Waits for queued kernels on `device` (for honest timings on CUDA); no-op on CPU.
 void synchronize(torch::Device device);

@@ -9,7 +9,7 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 prefix=()
 if torch_cmake=$("$NANOGPT_PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
-  prefix=(-DCMAKE_PREFIX_PATH="$torch_cmake")
+  prefix=(-DCMAKE_PREFIX_PATH="$torch_cmake" -DNANOGPT_PYTHON="$NANOGPT_PYTHON")
   # A build folder configured against another LibTorch (an older pin, Debian's 1.13) starts afresh.
   if [[ -f build/CMakeCache.txt ]] && ! grep -q "^Torch_DIR:PATH=$torch_cmake/Torch\$" build/CMakeCache.txt &&
      [[ " $* " != *CMAKE_PREFIX_PATH* ]]; then

@@ -122,7 +122,7 @@ TEST(Config, CpuShakespearePresetMatchesNanoGPTReadme) {
   EXPECT_EQ(c.lr_decay_iters, 2000);
   EXPECT_DOUBLE_EQ(c.dropout, 0.0);
   EXPECT_EQ(c.pos_encoding, "rope");
-  EXPECT_EQ(c.dtype, "bfloat16");
+  EXPECT_EQ(c.dtype, "auto");
   EXPECT_DOUBLE_EQ(c.learning_rate, 1e-3);
   EXPECT_DOUBLE_EQ(c.min_lr, 1e-4);
 }

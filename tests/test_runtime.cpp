@@ -71,3 +71,30 @@ TEST(Runtime, AutoDeviceIsTheCpuWithoutAGpuAndCudaIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("--device=cpu"), std::string::npos) << e.what();
   }
 }
+
+TEST(Runtime, AllocationFailuresAreRecognisedAsOutOfMemory) {
+  try {
+    auto huge = torch::empty({int64_t{1} << 45}, torch::kByte);  // 32 TiB
+    FAIL() << "a 32 TiB allocation succeeded";
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(nanogpt::model::backend::is_out_of_memory(e)) << e.what();
+  }
+  try {
+    auto bad = torch::ones({2, 3}).matmul(torch::ones({2, 3}));
+    FAIL() << "a shape mismatch went through";
+  } catch (const std::exception& e) {
+    EXPECT_FALSE(nanogpt::model::backend::is_out_of_memory(e)) << e.what();
+  }
+}
+
+TEST(Runtime, DtypeAutoFollowsTheCpusBf16Support) {
+  std::string flags;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::getline(cpuinfo, flags, '\0');
+  // An independent reading of the same fact: the kernel's CPU flags.
+  const bool bf16 = flags.find(" avx512_bf16") != std::string::npos || flags.find(" amx_bf16") != std::string::npos;
+  EXPECT_EQ(nanogpt::model::backend::has_fast_bf16(torch::kCPU), bf16);
+  EXPECT_EQ(nanogpt::model::backend::resolve_dtype("auto", torch::kCPU), bf16 ? "bfloat16" : "float32");
+  for (const char* explicit_dtype : {"float32", "bfloat16", "float16"})
+    EXPECT_EQ(nanogpt::model::backend::resolve_dtype(explicit_dtype, torch::kCPU), explicit_dtype);
+}

@@ -42,7 +42,7 @@ double sample_rate(model::GPT& model, int64_t batch, int64_t tokens, bool cache)
 
 }  // namespace
 
-BenchReport run_bench(const TrainConfig& config, const BenchOptions& options) {
+BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
   // Opened first, so that an unwritable path fails now rather than silently after the steps.
   std::ofstream profile_out;
   if (!options.profile_path.empty()) {
@@ -54,6 +54,7 @@ BenchReport run_bench(const TrainConfig& config, const BenchOptions& options) {
   BenchReport r;
   r.threads = model::backend::set_threads(config.num_threads);
   const auto device = model::backend::resolve_device(config.device);
+  config.dtype = model::backend::resolve_dtype(config.dtype, device);
   r.torch_version = model::backend::torch_version();
   r.device = device.str();
   r.dtype = config.dtype;

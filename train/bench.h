@@ -44,6 +44,6 @@ struct BenchReport {
 };
 
 /// Runs the benchmark for `config` (data prepared on demand, as in training).
-BenchReport run_bench(const TrainConfig& config, const BenchOptions& options);
+BenchReport run_bench(TrainConfig config, const BenchOptions& options);
 
 }  // namespace nanogpt::train

@@ -391,8 +391,9 @@ void TrainConfig::validate() const {
   const bool cuda_n = device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
                       device.find_first_not_of("0123456789", 5) == std::string::npos;
   check(in(device, {"auto", "cpu", "cuda"}) || cuda_n, "device", device, "must be auto, cpu, cuda or cuda:N");
-  check(in(dtype, {"float32", "bfloat16", "float16"}), "dtype", dtype,
-        "must be float32, bfloat16 or float16 (float16 with dynamic loss scaling, for GPUs without bf16)");
+  check(in(dtype, {"auto", "float32", "bfloat16", "float16"}), "dtype", dtype,
+        "must be auto, float32, bfloat16 or float16 (auto: bfloat16 where the device has fast bf16, else "
+        "float16 with dynamic loss scaling on a GPU, float32 on a CPU)");
   check(seed >= 0, "seed", i(seed), "must be >= 0");
   check(num_threads >= 0, "num_threads", i(num_threads), "must be >= 0 (0 = all cores)");
 }

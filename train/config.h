@@ -52,7 +52,7 @@ struct TrainConfig {
   double min_lr = 6e-5;                      // ~ learning_rate / 10
   // system
   std::string device = "auto";               // auto | cpu | cuda | cuda:N
-  std::string dtype = "float32";             // float32 | bfloat16 | float16 (autocast, fp32 master weights; float16 with loss scaling)
+  std::string dtype = "float32";             // auto | float32 | bfloat16 | float16 (autocast, fp32 master weights; float16 with loss scaling)
   int64_t seed = 1337;
   int64_t num_threads = 0;                   // intra-op threads; 0 = all cores
   bool compile = false;                      // accepted for nanoGPT compatibility; no effect here
@@ -60,7 +60,8 @@ struct TrainConfig {
 
   /// The architecture part, with vocab_size filled in by the caller.
   model::ModelConfig model_config(int64_t vocab_size) const;
-  /// The autocast dtype of `dtype`: kBFloat16, kHalf, or kFloat (no autocast).
+  /// The autocast dtype of `dtype`: kBFloat16, kHalf, or kFloat (no autocast). Resolve "auto" first
+  /// (model::backend::resolve_dtype, once the device is known).
   torch::ScalarType autocast_dtype() const;
   /// Copies the architecture keys from a checkpoint's config (resume forces them).
   void set_architecture(const model::ModelConfig& m);

@@ -68,6 +68,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   config_.validate();
   model::backend::set_threads(config_.num_threads);
   device_ = model::backend::resolve_device(config_.device);
+  config_.dtype = model::backend::resolve_dtype(config_.dtype, device_);
   amp_dtype_ = config_.autocast_dtype();
   scaler_ = std::make_unique<GradScaler>(device_, amp_dtype_ == torch::kHalf);
 
@@ -179,7 +180,27 @@ void Trainer::save(const std::string& path, bool eval_done) {
   log_->info("[ckpt] saved {} (iter {})", path, iter_);
 }
 
+std::string Trainer::out_of_memory_message() const {
+  return fmt::format(
+      "[train] out of memory on {} at iter {} (batch_size {}, block_size {}, {:.2f}M parameters, dtype {}): "
+      "lower batch_size and raise gradient_accumulation_steps to keep the tokens per step (e.g. --batch_size={} "
+      "--gradient_accumulation_steps={}), or lower block_size",
+      device_.str(), iter_, config_.batch_size, config_.block_size, model_->num_params() / 1e6, config_.dtype,
+      std::max<int64_t>(1, config_.batch_size / 2), config_.gradient_accumulation_steps * 2);
+}
+
 TrainResult Trainer::run() {
+  try {
+    return run_loop();
+  } catch (const std::exception& e) {
+    // A CUDA out-of-memory error carries the caching allocator's multi-line report: say instead
+    // what to change. The checkpoints on disk are untouched.
+    if (model::backend::is_out_of_memory(e)) throw std::runtime_error(out_of_memory_message());
+    throw;
+  }
+}
+
+TrainResult Trainer::run_loop() {
   StopSignals signals;
   const std::string metrics_path = config_.out_dir + "/metrics.csv";
   const bool resumed = config_.init_from == "resume";

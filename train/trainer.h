@@ -45,6 +45,9 @@ class Trainer {
   model::GPT& model() { return model_; }
 
  private:
+  TrainResult run_loop();
+  /// One line for an out-of-memory error: what ran out, the sizes that matter, what to change.
+  std::string out_of_memory_message() const;
   void save(const std::string& path, bool eval_done);
   void log_start();
 

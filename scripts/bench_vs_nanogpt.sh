@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Side by side on this machine, in one run: nanogpt-cpp against nanoGPT's train.py and sample.py on
+# the same PyTorch (the one scripts/setup.sh installed), as nanoGPT users run it: --compile=False,
+# --compile=True, and the one-line CPU bf16 autocast patch (../shared/peers/nanoGPT_cpu_bf16.py).
+#
+#   scripts/bench_vs_nanogpt.sh NANOGPT_DIR [BF16_PATCH]
+#
+# Prints, per run: CPU preset ms/iter (median of iterations 10..N) and val loss at N
+# (N = CPU_ITERS, default 2000), full preset s/iter (median of FULL_ITERS, default 4, after one
+# warm-up), and sampling tok/s of the CPU-preset model (500 new tokens, start-up excluded: the time
+# for 500 tokens minus the time for 1). Run it on an otherwise idle machine: a compiler on the
+# other core slows LibTorch's threads far more than proportionally.
+set -euo pipefail
+nanogpt_dir=$(cd "${1:?usage: scripts/bench_vs_nanogpt.sh NANOGPT_DIR [BF16_PATCH]}" && pwd)
+patch=${2:-$(dirname "$nanogpt_dir")/nanoGPT_cpu_bf16.py}
+[[ -f $patch ]] && patch=$(cd "$(dirname "$patch")" && pwd)/$(basename "$patch")
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+repo=$PWD
+py=$NANOGPT_PYTHON
+cpu_iters=${CPU_ITERS:-2000}
+full_iters=${FULL_ITERS:-4}
+warmup=$((cpu_iters < 100 ? cpu_iters : 100))  # the presets' 100, shortened for quick trial runs
+threads=${THREADS:-$(nproc)}
+export OMP_NUM_THREADS=$threads
+[[ -x build/nanogpt ]] || { echo "error: build/nanogpt missing: run scripts/build.sh first" >&2; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp -r "$nanogpt_dir" "$work/nanoGPT"
+cp data/shakespeare_char/input.txt "$work/nanoGPT/data/shakespeare_char/"
+mkdir -p "$work/stub" && : >"$work/stub/tiktoken.py" && : >"$work/stub/requests.py"  # imported, unused here
+(cd "$work/nanoGPT" && PYTHONPATH=$work/stub "$py" data/shakespeare_char/prepare.py >/dev/null)
+"$py" -c 'import torch; print("[bench] torch", torch.__version__, "| threads", torch.get_num_threads())'
+build/nanogpt prepare --input data/shakespeare_char/input.txt --out_dir data/shakespeare_char >/dev/null
+
+median() {  # kind(ours|nanogpt) log min_iter -> "median_ms val"
+  "$py" - "$@" <<'PY'
+import re, statistics, sys
+kind, path, lo = sys.argv[1], sys.argv[2], int(sys.argv[3])
+text = open(path, errors="replace").read()
+if kind == "ours":
+    ms = [float(m.group(2)) for m in re.finditer(r"\[train\] iter (\d+) \| loss [\d.]+ \| lr \S+ \| ([\d.]+) ms", text) if int(m.group(1)) >= lo]
+    val = re.findall(r"\[eval\] iter \d+ \| train [\d.]+ \| val ([\d.]+)", text)
+else:
+    ms = [float(m.group(2)) for m in re.finditer(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", text) if int(m.group(1)) >= lo]
+    val = re.findall(r"step \d+: train loss [\d.]+, val loss ([\d.]+)", text)
+print(f"{statistics.median(ms) if ms else float('nan'):.2f} {val[-1] if val else 'n/a'}")
+PY
+}
+seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null 2>&1; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
+tok_per_s() { echo "scale=0; 499 / ($1 - $2)" | bc -l; }  # t(500 tokens) - t(1 token)
+
+cpu_nano=(config/train_shakespeare_char.py --device=cpu --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12
+          --n_layer=4 --n_head=4 --n_embd=128 --max_iters="$cpu_iters" --lr_decay_iters="$cpu_iters" --dropout=0.0
+          --eval_interval="$cpu_iters" --warmup_iters="$warmup")
+full_nano=(config/train_shakespeare_char.py --device=cpu --max_iters="$full_iters" --eval_interval=100000 --eval_iters=1
+           --log_interval=1 --always_save_checkpoint=False)
+declare -A runner=([nanoGPT_fp32]="train.py --compile=False" [nanoGPT_compile]="train.py --compile=True"
+                   [nanoGPT_bf16]="$patch --compile=False")
+rows=()
+
+echo "[bench] nanogpt-cpp, CPU preset ($cpu_iters iterations)"
+build/nanogpt train configs/shakespeare_char_cpu.yaml --out_dir="$work/ours_cpu" --log_interval=1 --max_iters="$cpu_iters" \
+  --lr_decay_iters="$cpu_iters" --eval_interval="$cpu_iters" --warmup_iters="$warmup" --num_threads="$threads" \
+  >"$work/ours_cpu.log" 2>&1 || { tail -3 "$work/ours_cpu.log"; exit 1; }
+read -r ours_ms ours_val < <(median ours "$work/ours_cpu.log" 10)
+echo "[bench] nanogpt-cpp, full preset ($full_iters iterations)"
+build/nanogpt train configs/shakespeare_char.yaml --device=cpu --out_dir="$work/ours_full" --log_interval=1 \
+  --max_iters="$full_iters" --eval_interval=100000 --eval_iters=1 --num_threads="$threads" >"$work/ours_full.log" 2>&1 || true
+read -r ours_full _ < <(median ours "$work/ours_full.log" 1)
+t500=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=500 --num_threads="$threads")
+t1=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")
+rows+=("nanogpt-cpp (bf16) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(tok_per_s "$t500" "$t1")")
+
+for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
+  read -r -a cmd <<<"${runner[$name]}"
+  if [[ $name == nanoGPT_bf16 && ! -f $patch ]]; then echo "[bench] skip $name: no $patch"; continue; fi
+  echo "[bench] $name, CPU preset"
+  (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${cpu_nano[@]}" --out_dir="$work/$name" >"$work/$name.log" 2>&1) ||
+    { tail -3 "$work/$name.log"; continue; }
+  read -r ms val < <(median nanogpt "$work/$name.log" 10)
+  echo "[bench] $name, full preset"
+  (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${full_nano[@]}" --out_dir="$work/${name}_full" >"$work/${name}_full.log" 2>&1) || true
+  read -r full _ < <(median nanogpt "$work/${name}_full.log" 1)
+  tok="-"
+  if [[ $name == nanoGPT_fp32 ]]; then  # sampling: nanoGPT's sample.py (fp32 on the CPU, no KV cache)
+    samp=(sample.py --out_dir="$work/$name" --device=cpu --num_samples=1 --compile=False --dtype=float32)
+    t500=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=500)
+    t1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
+    tok=$(tok_per_s "$t500" "$t1")
+  fi
+  rows+=("$name | $ms | $val | $(echo "scale=2; $full / 1000" | bc -l) | $tok")
+done
+echo
+echo "| run | CPU preset ms/iter | val @ $cpu_iters | full preset s/iter | sampling tok/s (CPU-preset model) |"
+echo "|---|---|---|---|---|"
+for r in "${rows[@]}"; do echo "| $r |"; done
