@@ -76,6 +76,10 @@ rows+=("nanogpt-cpp (bf16) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full 
 for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   read -r -a cmd <<<"${runner[$name]}"
   if [[ $name == nanoGPT_bf16 && ! -f $patch ]]; then echo "[bench] skip $name: no $patch"; continue; fi
+  if [[ $name == nanoGPT_bf16 ]] && ! "$py" -c 'import sys, torch; sys.exit(not torch.ops.mkldnn._is_mkldnn_bf16_supported())'; then
+    echo "[bench] skip $name: this CPU has no hardware bf16 (LibTorch's bf16 GEMM is scalar code here)"
+    continue
+  fi
   echo "[bench] $name, CPU preset"
   (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${cpu_nano[@]}" --out_dir="$work/$name" >"$work/$name.log" 2>&1) ||
     { tail -3 "$work/$name.log"; continue; }
