@@ -209,7 +209,7 @@ signal_check() {  # signal_check NAME EXPECTED_RC
   "$BIN" train "$WORK/$sig.yaml" >"$log" 2>&1 &
   local pid=$!
   for ((n = 0; n < 600; ++n)); do  # until training is under way (iter >= 30), at most 60 s
-    grep -q '^\[train\] iter [3-9][0-9] ' "$log" && break
+    grep -qs '^\[train\] iter [3-9][0-9] ' "$log" && break  # -s: the log may not exist yet
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
