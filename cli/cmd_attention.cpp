@@ -62,7 +62,7 @@ void add_attention_command(CLI::App& app) {
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("attention", "Draw the attention weights of a prompt, one heatmap per layer and head");
-  auto* out_dir = cmd->add_option("--out_dir", opts->out_dir, "Training folder (reads ckpt_best.pt, else ckpt_last.pt)")
+  auto* out_dir = cmd->add_option("--out_dir", opts->out_dir, "Training folder (reads ckpt_best.safetensors, else ckpt_last.safetensors)")
                       ->capture_default_str();
   cmd->add_option("--ckpt", opts->ckpt, "A checkpoint file (instead of --out_dir)")->excludes(out_dir);
   cmd->add_option("--start", opts->start, "The prompt, or FILE:path to read it from a file")->required();

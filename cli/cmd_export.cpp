@@ -18,7 +18,7 @@ void add_export_command(CLI::App& app) {
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("export", "Write a checkpoint as .safetensors (weights, config, vocabulary)");
-  auto* out_dir = cmd->add_option("--out_dir", opts->out_dir, "Training folder (reads ckpt_best.pt, else ckpt_last.pt)")
+  auto* out_dir = cmd->add_option("--out_dir", opts->out_dir, "Training folder (reads ckpt_best.safetensors, else ckpt_last.safetensors)")
                       ->capture_default_str();
   cmd->add_option("--ckpt", opts->ckpt, "A checkpoint file (instead of --out_dir)")->excludes(out_dir);
   cmd->add_option("--out", opts->out, "Output .safetensors file")->capture_default_str();

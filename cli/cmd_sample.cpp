@@ -149,7 +149,7 @@ void run_sample(const SampleArgs& a) {
 void add_sample_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("sample", "Generate text from a checkpoint (KV cache, temperature, top-k, top-p)");
   auto a = std::make_shared<SampleArgs>();
-  cmd->add_option("--out_dir", a->out_dir, "Training folder: reads ckpt_best.pt, else ckpt_last.pt")->capture_default_str();
+  cmd->add_option("--out_dir", a->out_dir, "Training folder: reads ckpt_best.safetensors, else ckpt_last.safetensors")->capture_default_str();
   cmd->add_option("--ckpt", a->ckpt, "A checkpoint file (instead of --out_dir)");
   cmd->add_option("--start", a->start, "Prompt text, or FILE:path to read it from a file")->capture_default_str();
   cmd->add_option("--num_samples", a->num_samples, "Number of samples")->capture_default_str();

@@ -30,8 +30,14 @@ BUILD=${BUILD_DIR:-$ROOT/build-fuzz}
 [[ $BUILD = /* ]] || BUILD=$ROOT/$BUILD
 
 if [[ ! -f $BUILD/CMakeCache.txt ]]; then
+  # LibTorch from scripts/setup.sh's environment, as scripts/build.sh finds it (else CMAKE_PREFIX_PATH).
+  source "$ROOT/scripts/env.sh"
+  prefix=()
+  if torch_cmake=$("$NANOGPT_PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
+    prefix=(-DCMAKE_PREFIX_PATH="$torch_cmake")
+  fi
   CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S "$ROOT" -B "$BUILD" -G Ninja -DNANOGPT_FUZZ=ON \
-    -DNANOGPT_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    -DNANOGPT_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
 fi
 cmake --build "$BUILD" --target "fuzz_$TARGET" fuzz_seeds -j "${JOBS:-2}" | grep -v '^ninja: no work to do' || true
 FUZZER=$BUILD/tests/fuzz/fuzz_$TARGET

@@ -75,7 +75,7 @@ metric_rows() { tail -n +2 "$1" | cut -d, -f1-4; }
 # Every checkpoint in $1 must load for sampling.
 check_loadable() {
   local dir=$1 what=$2 ckpt
-  for ckpt in "$dir"/ckpt_last.pt "$dir"/ckpt_best.pt; do
+  for ckpt in "$dir"/ckpt_last.safetensors "$dir"/ckpt_best.safetensors; do
     [[ -e $ckpt ]] || continue
     if ! "$BIN" sample --ckpt="$ckpt" --max_new_tokens=5 --num_samples=1 --device=cpu --num_threads=1 \
       >"$WORK/sample.out" 2>"$WORK/sample.err"; then
@@ -104,8 +104,8 @@ count_tmp_files() {
   TMP_COUNT=$n
 }
 
-last_saved_iter() {  # the last "[ckpt] saved .../ckpt_last.pt (iter N)" in a run's output, or -1
-  grep -o 'ckpt_last.pt (iter [0-9]*)' "$1" | tail -1 | grep -o '[0-9]*)' | tr -d ')' || true
+last_saved_iter() {  # the last "[ckpt] saved .../ckpt_last.safetensors (iter N)" in a run's output, or -1
+  grep -o 'ckpt_last.safetensors (iter [0-9]*)' "$1" | tail -1 | grep -o '[0-9]*)' | tr -d ')' || true
 }
 
 # --- 1. an uninterrupted reference run -----------------------------------------------------------
@@ -130,7 +130,7 @@ kills=0 runs=0 scratch_starts=0 finished_early=0 max_saved=-1 resumes=0 max_orph
 while ((kills < KILLS)); do
   runs=$((runs + 1))
   log=$WORK/run_$runs.log
-  if [[ -e $OUT/ckpt_last.pt ]]; then
+  if [[ -e $OUT/ckpt_last.safetensors ]]; then
     mode=resume
     "$BIN" train "$WORK/train.yaml" --init_from=resume >"$log" 2>&1 &
   else
@@ -170,7 +170,7 @@ while ((kills < KILLS)); do
   count_tmp_files "$OUT" "$WORK/data"
   orphans=$TMP_COUNT
   ((orphans > max_orphans)) && max_orphans=$orphans
-  iter_now=$(grep -o 'ckpt_last.pt (iter [0-9]*)' "$log" | tail -1)
+  iter_now=$(grep -o 'ckpt_last.safetensors (iter [0-9]*)' "$log" | tail -1)
   say "$what: exit $rc; ${iter_now:-no checkpoint saved in this run}; temp files left: $orphans"
   if ((rc == 0)) && grep -q "done at iter $MAX_ITERS" "$log"; then
     finished_early=$((finished_early + 1))
@@ -182,7 +182,7 @@ done
 
 # --- 3. let it finish ----------------------------------------------------------------------------
 log=$WORK/final.log
-if [[ -e $OUT/ckpt_last.pt ]]; then
+if [[ -e $OUT/ckpt_last.safetensors ]]; then
   "$BIN" train "$WORK/train.yaml" --init_from=resume >"$log" 2>&1
 else
   "$BIN" train "$WORK/train.yaml" >"$log" 2>&1
@@ -209,7 +209,7 @@ signal_check() {  # signal_check NAME EXPECTED_RC
   "$BIN" train "$WORK/$sig.yaml" >"$log" 2>&1 &
   local pid=$!
   for ((n = 0; n < 600; ++n)); do  # until training is under way (iter >= 30), at most 60 s
-    grep -q '^\[train\] iter [3-9][0-9] ' "$log" && break
+    grep -qs '^\[train\] iter [3-9][0-9] ' "$log" && break  # -s: the log may not exist yet
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
@@ -251,7 +251,7 @@ disk_full_check() {
     fail "disk full: the preparing run failed: $(tail -1 "$WORK/full_src.log")"
     return
   }
-  local ckpt_kb=$(($(stat -c %s "$src/ckpt_last.pt") / 1024 + 1))
+  local ckpt_kb=$(($(stat -c %s "$src/ckpt_last.safetensors") / 1024 + 1))
   local used_kb=$(du -sk "$src" | cut -f1)
   if [[ -z ${NO_TMPFS:-} ]] && mkdir -p "$WORK/tmpfs" && mount -t tmpfs -o size=$((used_kb + ckpt_kb / 2))k tmpfs "$WORK/tmpfs" 2>/dev/null; then
     MOUNTED=$WORK/tmpfs
@@ -267,12 +267,12 @@ disk_full_check() {
     (trap '' XFSZ && ulimit -f $((ckpt_kb / 2)) && exec "$BIN" train "$WORK/full.yaml" --init_from=resume) >"$log" 2>"$log.err"
     rc=$?
   fi
-  sums_before=$(cd "$src" && sha256sum ckpt_last.pt ckpt_best.pt)
-  sums_after=$(cd "$dir" && sha256sum ckpt_last.pt ckpt_best.pt)
+  sums_before=$(cd "$src" && sha256sum ckpt_last.safetensors ckpt_best.safetensors)
+  sums_after=$(cd "$dir" && sha256sum ckpt_last.safetensors ckpt_best.safetensors)
   errors=$(grep -c . "$log.err")
   if ((rc == 0)); then
     fail "disk full ($method): the run exited 0"
-  elif ((errors != 1)) || ! grep -q '^error: \[ckpt\] cannot write .*ckpt_last.pt' "$log.err"; then
+  elif ((errors != 1)) || ! grep -q '^error: \[ckpt\] cannot write .*ckpt_last.safetensors' "$log.err"; then
     fail "disk full ($method): expected one 'error: [ckpt] cannot write ...' line, got $errors:"
     head -5 "$log.err"
   elif [[ $sums_before != "$sums_after" ]]; then

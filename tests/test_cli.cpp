@@ -130,16 +130,16 @@ TEST(Cli, BrokenCheckpointsAreClearErrors) {
   TempDir dir("cli_broken_ckpt");
   const std::string cfg = write_config(dir.path);
   ASSERT_EQ(run("train " + cfg + " --max_iters=10", dir.path).rc, 0);
-  const std::string good = read_text(dir.path + "/out/ckpt_last.pt");
+  const std::string good = read_text(dir.path + "/out/ckpt_last.safetensors");
   auto write = [&](const std::string& name, const std::string& bytes) {
     std::ofstream(dir.path + "/" + name, std::ios::binary) << bytes;
     return dir.path + "/" + name;
   };
-  expect_one_error_line(run("sample --ckpt=" + dir.path + "/missing.pt", dir.path), "missing.pt");
-  expect_one_error_line(run("sample --ckpt=" + write("empty.pt", ""), dir.path), "empty");
-  expect_one_error_line(run("sample --ckpt=" + write("text.pt", "hello, I am not a checkpoint"), dir.path), "not a nanogpt-cpp checkpoint");
+  expect_one_error_line(run("sample --ckpt=" + dir.path + "/missing.safetensors", dir.path), "missing.safetensors");
+  expect_one_error_line(run("sample --ckpt=" + write("empty.safetensors", ""), dir.path), "empty");
+  expect_one_error_line(run("sample --ckpt=" + write("text.safetensors", "hello, I am not a checkpoint"), dir.path), "not a nanogpt-cpp checkpoint");
   for (size_t cut : {good.size() / 2, good.size() - 100, size_t{40}})
-    expect_one_error_line(run("sample --ckpt=" + write("cut.pt", good.substr(0, cut)), dir.path), "cut.pt");
+    expect_one_error_line(run("sample --ckpt=" + write("cut.safetensors", good.substr(0, cut)), dir.path), "cut.safetensors");
   expect_one_error_line(run("sample --out_dir=" + dir.path, dir.path), "no checkpoint");
 }
 

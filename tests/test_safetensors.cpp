@@ -1,28 +1,29 @@
-// safetensors writer/reader, the JSON helpers under them, and the model export.
+// safetensors writer/reader (its JSON header through nlohmann-json), and the model export.
 // Round trips are checked bit for bit (memcmp); every corrupt file must throw "[export] ...".
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "data/vocab.h"
 #include "model/gpt.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
-#include "train/json.h"
 #include "train/safetensors.h"
 #include "test_files.h"
 
 namespace fs = std::filesystem;
 using namespace nanogpt;
-using train::json::Value;
+using Json = nlohmann::ordered_json;
 
 namespace {
 
@@ -129,34 +130,30 @@ TEST(SafeTensors, HeaderIsAlignedJsonWithContiguousOffsets) {
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
   ASSERT_LE(8 + n, bytes.size());
   EXPECT_EQ(n % 8, 0u);
-  const Value header = train::json::parse(std::string_view(bytes).substr(8, n));
-  ASSERT_EQ(header.kind, Value::Kind::Object);
-  ASSERT_EQ(header.object.size(), tensors.size() + 1);
-  const Value* meta = header.find("__metadata__");
-  ASSERT_NE(meta, nullptr);
-  ASSERT_NE(meta->find("format"), nullptr);
-  EXPECT_EQ(meta->find("format")->string, "test");
+  const Json header = Json::parse(bytes.substr(8, n));
+  ASSERT_TRUE(header.is_object());
+  ASSERT_EQ(header.size(), tensors.size() + 1);
+  ASSERT_TRUE(header.contains("__metadata__"));
+  EXPECT_EQ(header["__metadata__"]["format"], "test");
 
   int64_t expected_begin = 0;
   for (const auto& [name, tensor] : tensors) {
-    const Value* entry = header.find(name);
-    ASSERT_NE(entry, nullptr) << name;
-    ASSERT_EQ(entry->object.size(), 3u);
-    EXPECT_NE(entry->find("dtype"), nullptr);
-    const Value& shape = *entry->find("shape");
-    ASSERT_EQ(shape.array.size(), static_cast<size_t>(tensor.dim()));
-    for (int64_t d = 0; d < tensor.dim(); ++d) EXPECT_EQ(shape.array[d].integer, tensor.size(d));
-    const Value& offsets = *entry->find("data_offsets");
-    ASSERT_EQ(offsets.array.size(), 2u);
-    EXPECT_EQ(offsets.array[0].integer, expected_begin) << name;
-    EXPECT_EQ(offsets.array[1].integer - offsets.array[0].integer, static_cast<int64_t>(tensor.nbytes())) << name;
-    expected_begin = offsets.array[1].integer;
+    ASSERT_TRUE(header.contains(name)) << name;
+    const Json& entry = header[name];
+    ASSERT_EQ(entry.size(), 3u);
+    EXPECT_TRUE(entry.contains("dtype"));
+    EXPECT_EQ(entry["shape"].get<std::vector<int64_t>>(), tensor.sizes().vec()) << name;
+    const auto offsets = entry["data_offsets"].get<std::vector<int64_t>>();
+    ASSERT_EQ(offsets.size(), 2u);
+    EXPECT_EQ(offsets[0], expected_begin) << name;
+    EXPECT_EQ(offsets[1] - offsets[0], static_cast<int64_t>(tensor.nbytes())) << name;
+    expected_begin = offsets[1];
   }
   EXPECT_EQ(static_cast<uint64_t>(expected_begin), bytes.size() - 8 - n);
-  EXPECT_EQ(header.find("f32")->find("dtype")->string, "F32");
-  EXPECT_EQ(header.find("bf16")->find("dtype")->string, "BF16");
-  EXPECT_EQ(header.find("bool")->find("dtype")->string, "BOOL");
-  EXPECT_EQ(header.find("i64")->find("dtype")->string, "I64");
+  EXPECT_EQ(header["f32"]["dtype"], "F32");
+  EXPECT_EQ(header["bf16"]["dtype"], "BF16");
+  EXPECT_EQ(header["bool"]["dtype"], "BOOL");
+  EXPECT_EQ(header["i64"]["dtype"], "I64");
 }
 
 TEST(SafeTensors, CorruptFilesThrowWithTheReason) {
@@ -239,46 +236,36 @@ TEST(SafeTensors, WriterRejectsBadInputAndLeavesTheTargetAlone) {
             std::string::npos);
 }
 
-TEST(Json, ParsesEscapesSurrogatePairsAndNumbers) {
-  const Value v = train::json::parse(
-      R"( {"s": "a\"b\\c\/d\b\f\n\r\t\u00e9\u4e2d\ud83d\ude42", "n": [0, -7, 9223372036854775807, 1.5e3, -0.25],)"
-      R"( "t": true, "f": false, "z": null, "o": {}, "a": []} )");
-  EXPECT_EQ(v.find("s")->string, "a\"b\\c/d\b\f\n\r\té中🙂");
-  const auto& n = v.find("n")->array;
-  EXPECT_TRUE(n[0].is_integer);
-  EXPECT_EQ(n[1].integer, -7);
-  EXPECT_EQ(n[2].integer, std::numeric_limits<int64_t>::max());
-  EXPECT_FALSE(n[3].is_integer);
-  EXPECT_DOUBLE_EQ(n[3].number, 1500.0);
-  EXPECT_DOUBLE_EQ(n[4].number, -0.25);
-  EXPECT_TRUE(v.find("t")->boolean);
-  EXPECT_EQ(v.find("z")->kind, Value::Kind::Null);
-  EXPECT_EQ(v.find("o")->kind, Value::Kind::Object);
-  EXPECT_EQ(train::json::dump(v.find("n")[0]), "[0,-7,9223372036854775807,1500,-0.25]");
+// The header's JSON as the reader meets it: escapes and surrogate pairs in names and metadata,
+// malformed text, deep nesting; every failure is one "[export] ..." line.
+TEST(SafeTensorsJson, HeaderEscapesAndSurrogatePairsAreDecoded) {
+  ScratchDir dir;
+  const std::string path = dir / "esc.safetensors";
+  spit(path, craft(R"({"__metadata__":{"s":"a\"b\\c\/d\b\f\n\r\t\u00e9\u4e2d\ud83d\ude42"},)"
+                   R"("w\u00e9":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                   std::string(4, '\0')));
+  const auto st = train::read_safetensors(path);
+  EXPECT_EQ(st.metadata.at("s"), "a\"b\\c/d\b\f\n\r\té中🙂");
+  ASSERT_EQ(st.tensors.size(), 1u);
+  EXPECT_EQ(st.tensors[0].first, "wé");
 }
 
-TEST(Json, RejectsMalformedText) {
-  for (const char* bad : {"", "{", "[1,]", "{\"a\":1,}", "{\"a\" 1}", "\"unterminated", "\"\\ud800\"",
-                          "\"\\udc00\"", "\"\\ud800\\u0041\"", "\"\\x\"", "\"tab\there\"", "01", "1.", "-", "tru",
-                          "{} {}", "[1e999]", "\"\\u12\""}) {
-    EXPECT_THROW(train::json::parse(bad), std::runtime_error) << bad;
+TEST(SafeTensorsJson, MalformedHeadersAreOneLineErrors) {
+  ScratchDir dir;
+  const std::string path = dir / "bad.safetensors";
+  for (const std::string bad : {"", "{", "[1,]", "{\"a\":1,}", "{\"a\" 1}", "\"unterminated", "{\"\\ud800\":1}",
+                                "{\"\\udc00\":1}", "{\"\\ud800\\u0041\":1}", "{\"\\x\":1}", "{\"tab\there\":1}",
+                                "01", "1.", "-", "tru", "{} {}", "[1e999]", "{\"\\u12\":1}"}) {
+    SCOPED_TRACE(bad);
+    spit(path, craft(bad, ""));
+    const std::string message = error_of([&] { train::read_safetensors(path); });
+    EXPECT_EQ(message.rfind("[export] '" + path + "': header is", 0), 0u) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
-  EXPECT_THROW(train::json::parse(std::string(100, '[') + std::string(100, ']')), std::runtime_error);
-  EXPECT_NO_THROW(train::json::parse(std::string(60, '[') + std::string(60, ']')));
-}
-
-TEST(Json, QuoteAndNumberRoundTrip) {
-  const std::string text = std::string("\"\\/\b\f\n\r\t\x01\x1f\x7f") + '\0' + "中🙂 end";
-  const std::string quoted = train::json::quote(text);
-  EXPECT_EQ(train::json::parse(quoted).string, text);
-  EXPECT_EQ(quoted.find('\n'), std::string::npos);
-  EXPECT_NE(quoted.find("中🙂"), std::string::npos);  // UTF-8 passes through unescaped
-  for (double x : {0.1, 10000.0, 1e-7, 6e-4, -3.0, 1e300, 0.0}) {
-    EXPECT_EQ(train::json::parse(train::json::number(x)).number, x) << train::json::number(x);
-  }
-  EXPECT_EQ(train::json::number(0.1), "0.1");
-  EXPECT_EQ(train::json::number(10000.0), "10000");
-  EXPECT_THROW(train::json::number(std::nan("")), std::runtime_error);
+  spit(path, craft(std::string(100, '[') + std::string(100, ']'), ""));
+  EXPECT_NE(error_of([&] { train::read_safetensors(path); }).find("nesting deeper than 64"), std::string::npos);
+  spit(path, craft("{\"__metadata__\":{\"a\":{\"b\":{\"c\":\"d\"}}}}", ""));
+  EXPECT_NE(error_of([&] { train::read_safetensors(path); }).find("must be strings"), std::string::npos);
 }
 
 TEST(Export, WritesEveryParameterWithConfigAndVocab) {
@@ -321,20 +308,39 @@ TEST(Export, WritesEveryParameterWithConfigAndVocab) {
   EXPECT_EQ(st.metadata.at("iter"), "250");
   EXPECT_EQ(st.metadata.at("best_val_loss"), "1.875");
 
-  const Value cfg = train::json::parse(st.metadata.at("config"));
-  EXPECT_EQ(cfg.find("vocab_size")->integer, config.vocab_size);
-  EXPECT_EQ(cfg.find("block_size")->integer, 16);
-  EXPECT_EQ(cfg.find("n_layer")->integer, 2);
-  EXPECT_EQ(cfg.find("n_head")->integer, 4);
-  EXPECT_EQ(cfg.find("n_kv_head")->integer, 2);
-  EXPECT_EQ(cfg.find("n_embd")->integer, 32);
-  EXPECT_TRUE(cfg.find("bias")->boolean);
-  EXPECT_EQ(cfg.find("pos_encoding")->string, "rope");
-  EXPECT_EQ(cfg.find("norm")->string, "layernorm");
-  EXPECT_DOUBLE_EQ(cfg.find("rope_base")->number, 10000.0);
-  EXPECT_DOUBLE_EQ(cfg.find("dropout")->number, 0.0);
+  const Json cfg = Json::parse(st.metadata.at("config"));
+  EXPECT_EQ(cfg["vocab_size"], config.vocab_size);
+  EXPECT_EQ(cfg["block_size"], 16);
+  EXPECT_EQ(cfg["n_layer"], 2);
+  EXPECT_EQ(cfg["n_head"], 4);
+  EXPECT_EQ(cfg["n_kv_head"], 2);
+  EXPECT_EQ(cfg["n_embd"], 32);
+  EXPECT_EQ(cfg["bias"], true);
+  EXPECT_EQ(cfg["pos_encoding"], "rope");
+  EXPECT_EQ(cfg["norm"], "layernorm");
+  EXPECT_DOUBLE_EQ(cfg["rope_base"].get<double>(), 10000.0);
+  EXPECT_DOUBLE_EQ(cfg["dropout"].get<double>(), 0.0);
+  EXPECT_FALSE(cfg.contains("attention"));
 
-  const Value vocab = train::json::parse(st.metadata.at("vocab"));
-  ASSERT_EQ(static_cast<int64_t>(vocab.array.size()), loaded.vocab.size());
-  for (int64_t id = 0; id < loaded.vocab.size(); ++id) EXPECT_EQ(vocab.array[id].string, loaded.vocab.decode_one(id));
+  const Json vocab = Json::parse(st.metadata.at("vocab"));
+  ASSERT_EQ(static_cast<int64_t>(vocab.size()), loaded.vocab.size());
+  for (int64_t id = 0; id < loaded.vocab.size(); ++id) EXPECT_EQ(vocab[id], loaded.vocab.decode_one(id));
+}
+
+// n_kv_head 0 means "as many as n_head": the export says the number.
+TEST(Export, ResolvesKvHeadsAndWritesANonFiniteLossAsNull) {
+  ScratchDir dir;
+  model::ModelConfig config;
+  train::LoadedModel loaded;
+  loaded.vocab = data::Vocab::from_text("abc");
+  config.vocab_size = 3;
+  config.n_layer = 1;
+  config.n_head = 2;  // n_kv_head stays 0
+  config.n_embd = 8;
+  loaded.model = model::GPT(config);
+  loaded.meta.best_val_loss = std::nan("");
+  train::export_safetensors(loaded, dir / "m.safetensors");
+  const auto st = train::read_safetensors(dir / "m.safetensors");
+  EXPECT_EQ(Json::parse(st.metadata.at("config"))["n_kv_head"], 2);
+  EXPECT_EQ(st.metadata.at("best_val_loss"), "null");
 }

@@ -132,31 +132,39 @@ void FlatAdamW::zero_grad() {
   for (auto& g : groups_) g.grad.zero_();
 }
 
-void FlatAdamW::save(torch::serialize::OutputArchive& archive) const {
-  archive.write("step", torch::tensor(step_));
+std::vector<std::pair<std::string, torch::Tensor>> FlatAdamW::state() const {
+  std::vector<std::pair<std::string, torch::Tensor>> state = {{"step", torch::tensor(step_)}};
   const char* tags[2] = {"decay", "no_decay"};
   for (int i = 0; i < 2; ++i) {
-    archive.write(std::string("exp_avg.") + tags[i], groups_[i].exp_avg);
-    archive.write(std::string("exp_avg_sq.") + tags[i], groups_[i].exp_avg_sq);
+    state.emplace_back(std::string("exp_avg.") + tags[i], groups_[i].exp_avg);
+    state.emplace_back(std::string("exp_avg_sq.") + tags[i], groups_[i].exp_avg_sq);
   }
+  return state;
 }
 
-void FlatAdamW::load(torch::serialize::InputArchive& archive) {
-  torch::Tensor step;
-  archive.read("step", step);
-  if (!step.defined() || step.numel() != 1) throw std::runtime_error("[ckpt] optimizer 'step' is missing or malformed");
+void FlatAdamW::load_state(const std::vector<std::pair<std::string, torch::Tensor>>& state) {
+  auto find = [&](const std::string& name) {
+    for (const auto& [key, tensor] : state)
+      if (key == name && tensor.defined()) return tensor;
+    throw std::runtime_error("[ckpt] optimizer state '" + name + "' is missing");
+  };
+  const torch::Tensor step = find("step");
+  if (step.numel() != 1 || step.is_floating_point() || step.scalar_type() == torch::kBool || step.item<int64_t>() < 0)
+    throw std::runtime_error("[ckpt] optimizer state 'step' is malformed (expected one non-negative integer)");
   const char* tags[2] = {"decay", "no_decay"};
-  torch::NoGradGuard no_grad;
+  std::vector<std::pair<torch::Tensor, torch::Tensor*>> checked;  // all checked before any is copied
   for (int i = 0; i < 2; ++i)
     for (auto [name, dst] : {std::pair<std::string, torch::Tensor*>{std::string("exp_avg.") + tags[i], &groups_[i].exp_avg},
                              {std::string("exp_avg_sq.") + tags[i], &groups_[i].exp_avg_sq}}) {
-      torch::Tensor t;
-      archive.read(name, t);
+      const torch::Tensor t = find(name);
       if (t.numel() != dst->numel())
         throw std::runtime_error("[ckpt] optimizer state '" + name + "' has " + std::to_string(t.numel()) +
                                  " values, expected " + std::to_string(dst->numel()) + " (architecture changed?)");
-      dst->copy_(t.reshape({-1}));
+      if (!t.is_floating_point()) throw std::runtime_error("[ckpt] optimizer state '" + name + "' is not floating point");
+      checked.emplace_back(t, dst);
     }
+  torch::NoGradGuard no_grad;
+  for (auto& [t, dst] : checked) dst->copy_(t.reshape({-1}));
   step_ = step.item<int64_t>();
 }
 

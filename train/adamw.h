@@ -42,9 +42,13 @@ class FlatAdamW {
   int64_t decay_numel() const { return groups_[0].flat.numel(); }
   int64_t no_decay_numel() const { return groups_[1].flat.numel(); }
 
-  void save(torch::serialize::OutputArchive& archive) const;
-  /// Throws "[ckpt] optimizer state 'exp_avg.decay' has 123 values, expected 456" on mismatch.
-  void load(torch::serialize::InputArchive& archive);
+  /// The state to checkpoint: "step" (0-d int64) and the moments "exp_avg.decay",
+  /// "exp_avg_sq.decay", "exp_avg.no_decay", "exp_avg_sq.no_decay" (each (numel,) of its group).
+  std::vector<std::pair<std::string, torch::Tensor>> state() const;
+  /// Restores what state() returned (in any order). Throws std::runtime_error
+  /// "[ckpt] optimizer state 'exp_avg.decay' has 123 values, expected 456" on a mismatch, and
+  /// "[ckpt] optimizer state 'step' is missing" (or malformed).
+  void load_state(const std::vector<std::pair<std::string, torch::Tensor>>& state);
 
  private:
   struct Group {

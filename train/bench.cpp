@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -166,19 +167,27 @@ std::string BenchReport::table() const {
 }
 
 std::string BenchReport::json() const {
-  std::ostringstream o;
-  o.precision(6);
-  o << "{\n  \"torch_version\": \"" << torch_version << "\", \"device\": \"" << device << "\", \"threads\": " << threads
-    << ", \"dtype\": \"" << dtype << "\",\n  \"model\": \"" << config_summary << "\",\n  \"gemm\": [";
-  for (size_t i = 0; i < gemm.size(); ++i)
-    o << (i ? "," : "") << "\n    {\"shape\": \"" << gemm[i].shape << "\", \"dtype\": \"" << gemm[i].dtype << "\", \"m\": "
-      << gemm[i].m << ", \"k\": " << gemm[i].k << ", \"n\": " << gemm[i].n << ", \"gflops\": " << gemm[i].gflops << "}";
-  o << "\n  ],\n  \"peak_gflops\": " << peak_gflops << ",\n  \"train\": {\"median_ms\": " << step_ms_median
-    << ", \"min_ms\": " << step_ms_min << ", \"mean_ms\": " << step_ms_mean << ", \"tokens_per_sec\": " << tokens_per_sec
-    << ", \"mfu\": " << mfu << ", \"final_loss\": " << final_loss << "},\n  \"sample\": {\"tok_s_kv_cache\": "
-    << sample_tok_s_cache << ", \"tok_s_no_cache\": " << sample_tok_s_nocache << ", \"tok_s_batch\": " << sample_tok_s_batch
-    << ", \"batch\": " << sample_batch << "},\n  \"peak_rss_mb\": " << peak_rss_mb << "\n}\n";
-  return o.str();
+  // nlohmann writes a non-finite number (a diverged loss, an MFU without a peak) as null.
+  nlohmann::ordered_json gemms = nlohmann::ordered_json::array();
+  for (const auto& g : gemm)
+    gemms.push_back({{"shape", g.shape}, {"dtype", g.dtype}, {"m", g.m}, {"k", g.k}, {"n", g.n}, {"gflops", g.gflops}});
+  const nlohmann::ordered_json report = {
+      {"torch_version", torch_version},
+      {"device", device},
+      {"threads", threads},
+      {"dtype", dtype},
+      {"model", config_summary},
+      {"gemm", gemms},
+      {"peak_gflops", peak_gflops},
+      {"train",
+       {{"median_ms", step_ms_median}, {"min_ms", step_ms_min}, {"mean_ms", step_ms_mean},
+        {"tokens_per_sec", tokens_per_sec}, {"mfu", mfu}, {"final_loss", final_loss}}},
+      {"sample",
+       {{"tok_s_kv_cache", sample_tok_s_cache}, {"tok_s_no_cache", sample_tok_s_nocache},
+        {"tok_s_batch", sample_tok_s_batch}, {"batch", sample_batch}}},
+      {"peak_rss_mb", peak_rss_mb},
+  };
+  return report.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace nanogpt::train

@@ -1,34 +1,36 @@
-// Checkpoint files (see checkpoint.h). LibTorch's archive format (a zip of pickled tensors) with
-// our keys:
-//   format_version, iter, best_val_loss, config_yaml, vocab, sampler_state, eval_done  (values)
-//   model_config.<field>                                                                (values)
-//   rng.cpu, rng.cuda                                                                   (tensors)
-//   model/<parameter name>                          (nested archive, fp32, nanoGPT-like names)
-//   optimizer/{step, exp_avg.decay, exp_avg_sq.decay, exp_avg.no_decay, exp_avg_sq.no_decay}
+// Checkpoint files (see checkpoint.h): one safetensors file (train/safetensors.h).
+//   tensors   model.<parameter name>         fp32, nanoGPT-like names (model.h.0.attn.q_proj.weight)
+//             optimizer.step                  0-d int64
+//             optimizer.{exp_avg,exp_avg_sq}.{decay,no_decay}   FlatAdamW's flat moments
+//             rng.cpu, rng.cuda (when trained on CUDA)          generator states, uint8
+//   metadata  format ("nanogpt-cpp checkpoint"), format_version, iter, best_val_loss, eval_done,
+//             config_yaml, model_config (JSON object), vocab (data::Vocab::serialize),
+//             sampler_state, loss_scale, loss_scale_growth          (all strings, as safetensors wants)
+// Numbers are written so that they read back bit for bit (JSON's shortest round-trip form).
 #include "train/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
-#include "data/atomic_file.h"
 #include "data/utf8.h"
 #include "train/adamw.h"
-#include "train/archive_check.h"
+#include "train/safetensors.h"
 
 namespace nanogpt::train {
 namespace {
 
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
+using Json = nlohmann::ordered_json;
+constexpr const char* kModelPrefix = "model.";
+constexpr const char* kOptimizerPrefix = "optimizer.";
 
 // A damaged file's strings (a config field, a name inside the archive) end up in error messages:
 // escape control characters, and every non-ASCII byte when the text is not valid UTF-8, so the
@@ -58,92 +60,103 @@ std::runtime_error ckpt_error(const std::string& path, const std::string& what) 
   return std::runtime_error(printable("[ckpt] '" + path + "': " + what));
 }
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-// Returns the file size.
-uint64_t check_file(const std::string& path) {
+// Checks what a path holds before the safetensors reader sees it, to say what it is when it is not
+// ours: missing, a folder, empty, a format-1 checkpoint (LibTorch's zip archive) or foreign bytes.
+void check_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw ckpt_error(path, "no such file (train first, or check --out_dir)");
   if (S_ISDIR(st.st_mode)) throw ckpt_error(path, "is a directory, expected a checkpoint file");
   if (st.st_size == 0) throw ckpt_error(path, "file is empty (an interrupted copy?)");
   std::ifstream in(path, std::ios::binary);
-  char magic[4] = {0, 0, 0, 0};
-  in.read(magic, 4);
-  if (!in || magic[0] != 'P' || magic[1] != 'K' || magic[2] != 3 || magic[3] != 4)
-    throw ckpt_error(path, "not a nanogpt-cpp checkpoint (not a LibTorch archive)");
-  return static_cast<uint64_t>(st.st_size);
+  char start[9] = {};
+  in.read(start, sizeof start);
+  const auto got = in.gcount();
+  if (got >= 4 && start[0] == 'P' && start[1] == 'K' && start[2] == 3 && start[3] == 4)
+    throw ckpt_error(path, "a LibTorch archive checkpoint from an older nanogpt-cpp (format 1), which this version "
+                           "cannot read (retrain, or sample with the older build)");
+  if (got == 9 && start[8] != '{')
+    throw ckpt_error(path, "not a nanogpt-cpp checkpoint (neither a safetensors file nor a LibTorch archive)");
 }
 
-// Loads the archive; LibTorch's errors (truncated zip, foreign pickle) become one clear line.
-// Returns the file size.
-uint64_t open_archive(const std::string& path, InputArchive& archive) {
-  const uint64_t size = check_file(path);
-  try {
-    check_torch_archive(path);  // what LibTorch would trust blindly (see archive_check.h)
-    archive.load_from(path, torch::kCPU);
-  } catch (const std::exception& e) {
-    throw ckpt_error(path, "cannot be read, truncated or damaged? (" + first_line(e.what()) + ")");
+// The metadata of an open checkpoint, read with one clear error per missing or malformed entry.
+class Metadata {
+ public:
+  Metadata(const SafeTensorsReader& reader, const std::string& path) : meta_(reader.metadata()), path_(path) {}
+
+  const std::string& text(const std::string& key) const {
+    const auto it = meta_.find(key);
+    if (it == meta_.end()) throw ckpt_error(path_, "metadata '" + key + "' is missing (not a nanogpt-cpp checkpoint?)");
+    return it->second;
   }
-  return size;
-}
-
-c10::IValue read_value(InputArchive& archive, const std::string& path, const std::string& key) {
-  c10::IValue value;
-  bool found = false;
-  try {
-    found = archive.try_read(key, value);
-  } catch (const std::exception& e) {
-    throw ckpt_error(path, "entry '" + key + "' is unreadable (" + first_line(e.what()) + ")");
+  bool has(const std::string& key) const { return meta_.count(key) != 0; }
+  Json json(const std::string& key) const {
+    Json value = Json::parse(text(key), nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded())
+      throw ckpt_error(path_, "metadata '" + key + "' is not valid JSON ('" + text(key).substr(0, 40) + "')");
+    return value;
   }
-  if (!found) throw ckpt_error(path, "entry '" + key + "' is missing (not a nanogpt-cpp checkpoint?)");
-  return value;
-}
-
-int64_t read_int(InputArchive& a, const std::string& path, const std::string& key) {
-  auto v = read_value(a, path, key);
-  if (!v.isInt()) throw ckpt_error(path, "entry '" + key + "' is not an integer");
-  return v.toInt();
-}
-double read_double(InputArchive& a, const std::string& path, const std::string& key) {
-  auto v = read_value(a, path, key);
-  if (!v.isDouble()) throw ckpt_error(path, "entry '" + key + "' is not a number");
-  return v.toDouble();
-}
-bool read_bool(InputArchive& a, const std::string& path, const std::string& key) {
-  auto v = read_value(a, path, key);
-  if (!v.isBool()) throw ckpt_error(path, "entry '" + key + "' is not a boolean");
-  return v.toBool();
-}
-std::string read_string(InputArchive& a, const std::string& path, const std::string& key) {
-  auto v = read_value(a, path, key);
-  if (!v.isString()) throw ckpt_error(path, "entry '" + key + "' is not a string");
-  return v.toStringRef();
-}
-torch::Tensor read_tensor(InputArchive& a, const std::string& path, const std::string& key, bool required) {
-  torch::Tensor t;
-  bool found = false;
-  try {
-    found = a.try_read(key, t);
-  } catch (const std::exception& e) {
-    throw ckpt_error(path, "tensor '" + key + "' is unreadable (" + first_line(e.what()) + ")");
+  int64_t integer(const std::string& key) const {
+    const Json value = Json::parse(text(key), nullptr, false);
+    if (!value.is_number_integer() || (value.is_number_unsigned() && value.get<uint64_t>() > INT64_MAX))
+      throw ckpt_error(path_, "metadata '" + key + "' is not an integer ('" + text(key).substr(0, 40) + "')");
+    return value.get<int64_t>();
   }
-  if (!found && required) throw ckpt_error(path, "tensor '" + key + "' is missing");
-  return found ? t : torch::Tensor();
+  double number(const std::string& key) const {
+    const std::string& t = text(key);
+    if (t == "nan") return std::nan("");
+    if (t == "inf" || t == "-inf") return t[0] == '-' ? -HUGE_VAL : HUGE_VAL;
+    const Json value = Json::parse(t, nullptr, false);
+    if (!value.is_number()) throw ckpt_error(path_, "metadata '" + key + "' is not a number ('" + t.substr(0, 40) + "')");
+    return value.get<double>();
+  }
+  bool boolean(const std::string& key) const {
+    const Json value = Json::parse(text(key), nullptr, false);
+    if (!value.is_boolean()) throw ckpt_error(path_, "metadata '" + key + "' is not true or false");
+    return value.get<bool>();
+  }
+
+ private:
+  const std::map<std::string, std::string>& meta_;
+  const std::string& path_;
+};
+
+// JSON has no NaN or infinity: those are written as the words strtod and Python's float() read.
+std::string number_text(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  return Json(x).dump();  // shortest text that reads back to the same double
 }
 
-void write_model_config(OutputArchive& a, const model::ModelConfig& m) {
-  a.write("model_config.vocab_size", m.vocab_size);
-  a.write("model_config.block_size", m.block_size);
-  a.write("model_config.n_layer", m.n_layer);
-  a.write("model_config.n_head", m.n_head);
-  a.write("model_config.n_kv_head", m.n_kv_head);
-  a.write("model_config.n_embd", m.n_embd);
-  a.write("model_config.dropout", m.dropout);
-  a.write("model_config.bias", m.bias);
-  a.write("model_config.pos_encoding", m.pos_encoding);
-  a.write("model_config.rope_base", m.rope_base);
-  a.write("model_config.norm", m.norm);
-  a.write("model_config.attention", m.attention);
+model::ModelConfig model_config_from_json(const Json& j, const std::string& path) {
+  if (!j.is_object()) throw ckpt_error(path, "metadata 'model_config' is not a JSON object");
+  auto field = [&](const char* key, auto is_type, const char* type) -> const Json& {
+    if (!j.contains(key)) throw ckpt_error(path, std::string("model_config lacks '") + key + "'");
+    const Json& v = j.at(key);
+    if (!(v.*is_type)()) throw ckpt_error(path, std::string("model_config '") + key + "' is not " + type);
+    return v;
+  };
+  auto integer = [&](const char* key) {
+    const Json& v = field(key, &Json::is_number_integer, "an integer");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)
+      throw ckpt_error(path, std::string("model_config '") + key + "' is out of range");
+    return v.get<int64_t>();
+  };
+  auto number = [&](const char* key) { return field(key, &Json::is_number, "a number").get<double>(); };
+  auto text = [&](const char* key) { return field(key, &Json::is_string, "a string").get<std::string>(); };
+  model::ModelConfig m;
+  m.vocab_size = integer("vocab_size");
+  m.block_size = integer("block_size");
+  m.n_layer = integer("n_layer");
+  m.n_head = integer("n_head");
+  m.n_kv_head = integer("n_kv_head");
+  m.n_embd = integer("n_embd");
+  m.dropout = number("dropout");
+  m.bias = field("bias", &Json::is_boolean, "true or false").get<bool>();
+  m.pos_encoding = text("pos_encoding");
+  m.rope_base = number("rope_base");
+  m.norm = text("norm");
+  m.attention = text("attention");
+  return m;
 }
 
 // A lower bound on the bytes of float32 weights a config needs: the token embedding, learned
@@ -157,22 +170,8 @@ double min_weight_bytes(const model::ModelConfig& m) {
 
 // `file_size` bounds the model: a damaged size field must fail here, not make the model constructor
 // allocate (and fill) gigabytes or terabytes.
-model::ModelConfig read_model_config(InputArchive& a, const std::string& path, uint64_t file_size) {
-  model::ModelConfig m;
-  m.vocab_size = read_int(a, path, "model_config.vocab_size");
-  m.block_size = read_int(a, path, "model_config.block_size");
-  m.n_layer = read_int(a, path, "model_config.n_layer");
-  m.n_head = read_int(a, path, "model_config.n_head");
-  m.n_kv_head = read_int(a, path, "model_config.n_kv_head");
-  m.n_embd = read_int(a, path, "model_config.n_embd");
-  m.dropout = read_double(a, path, "model_config.dropout");
-  m.bias = read_bool(a, path, "model_config.bias");
-  m.pos_encoding = read_string(a, path, "model_config.pos_encoding");
-  m.rope_base = read_double(a, path, "model_config.rope_base");
-  m.norm = read_string(a, path, "model_config.norm");
-  m.attention = read_string(a, path, "model_config.attention");
-  // "sdpa" saved on LibTorch 2.x must still load on 1.13: the math path computes the same thing.
-  if (m.attention == "sdpa") m.attention = "auto";
+model::ModelConfig read_model_config(const Metadata& meta, const std::string& path, uint64_t file_size) {
+  model::ModelConfig m = model_config_from_json(meta.json("model_config"), path);
   try {
     m.validate();
   } catch (const std::exception& e) {
@@ -192,40 +191,53 @@ model::ModelConfig read_model_config(InputArchive& a, const std::string& path, u
   return m;
 }
 
-CheckpointMeta read_meta(InputArchive& a, const std::string& path, uint64_t file_size) {
+torch::Tensor read_tensor(SafeTensorsReader& reader, const std::string& path, const std::string& name, bool required) {
+  const TensorInfo* info = reader.find(name);
+  if (!info) {
+    if (required) throw ckpt_error(path, "tensor '" + name + "' is missing");
+    return {};
+  }
+  return reader.read(*info);
+}
+
+CheckpointMeta read_meta(SafeTensorsReader& reader, const std::string& path) {
+  const Metadata stored(reader, path);
+  if (!stored.has("format") || stored.text("format") != kCheckpointFormat)
+    throw ckpt_error(path, stored.has("format") && stored.text("format") == "nanogpt-cpp"
+                               ? "an exported model (nanogpt export), not a training checkpoint (give the checkpoint it was exported from)"
+                               : "not a nanogpt-cpp checkpoint (a safetensors file without format '" +
+                                     std::string(kCheckpointFormat) + "')");
   CheckpointMeta meta;
-  c10::IValue version;
-  if (!a.try_read("format_version", version) || !version.isInt())
-    throw ckpt_error(path, "not a nanogpt-cpp checkpoint (no format_version)");
-  meta.format_version = version.toInt();
+  meta.format_version = stored.integer("format_version");
   if (meta.format_version != kCheckpointFormatVersion)
     throw ckpt_error(path, "checkpoint format version " + std::to_string(meta.format_version) + ", this build reads version " +
                                std::to_string(kCheckpointFormatVersion) + " (use the nanogpt that wrote it)");
-  meta.iter = read_int(a, path, "iter");
-  meta.best_val_loss = read_double(a, path, "best_val_loss");
-  meta.config_yaml = read_string(a, path, "config_yaml");
-  meta.sampler_state = read_string(a, path, "sampler_state");
-  meta.eval_done = read_bool(a, path, "eval_done");
-  c10::IValue scale, growth;  // absent in checkpoints from before float16 training: no scaler then
-  if (a.try_read("loss_scale", scale) && scale.isDouble()) meta.loss_scale = scale.toDouble();
-  if (a.try_read("loss_scale_growth", growth) && growth.isInt()) meta.loss_scale_growth = growth.toInt();
-  meta.model_config = read_model_config(a, path, file_size);
+  meta.iter = stored.integer("iter");
+  if (meta.iter < 0) throw ckpt_error(path, "negative iteration count");
+  meta.best_val_loss = stored.number("best_val_loss");
+  meta.config_yaml = stored.text("config_yaml");
+  meta.sampler_state = stored.text("sampler_state");
+  meta.eval_done = stored.boolean("eval_done");
+  meta.loss_scale = stored.number("loss_scale");
+  meta.loss_scale_growth = stored.integer("loss_scale_growth");
+  meta.model_config = read_model_config(stored, path, reader.file_size());
   try {
-    meta.vocab = data::Vocab::deserialize(read_string(a, path, "vocab"));
+    meta.vocab = data::Vocab::deserialize(stored.text("vocab"));
   } catch (const std::runtime_error& e) {
     throw ckpt_error(path, e.what());
   }
   if (meta.vocab.size() != meta.model_config.vocab_size)
     throw ckpt_error(path, "vocabulary has " + std::to_string(meta.vocab.size()) + " characters but the model expects " +
                                std::to_string(meta.model_config.vocab_size));
-  meta.torch_rng_state = read_tensor(a, path, "rng.cpu", true);
+  meta.torch_rng_state = read_tensor(reader, path, "rng.cpu", true);
   // Resume hands it to the CPU generator, whose own size check throws LibTorch's multi-line error.
   const int64_t rng_bytes = at::make_generator<at::CPUGeneratorImpl>().get_state().numel();
   if (meta.torch_rng_state.scalar_type() != torch::kByte || meta.torch_rng_state.dim() != 1 ||
       meta.torch_rng_state.numel() != rng_bytes)
-    throw ckpt_error(path, "tensor 'rng.cpu' is not a CPU generator state (" + std::to_string(rng_bytes) + " bytes)");
-  meta.cuda_rng_state = read_tensor(a, path, "rng.cuda", false);
-  if (meta.iter < 0) throw ckpt_error(path, "negative iteration count");
+    throw ckpt_error(path, "tensor 'rng.cpu' is not a CPU generator state (" + std::to_string(rng_bytes) + " bytes of U8)");
+  meta.cuda_rng_state = read_tensor(reader, path, "rng.cuda", false);
+  if (meta.cuda_rng_state.defined() && (meta.cuda_rng_state.scalar_type() != torch::kByte || meta.cuda_rng_state.dim() != 1))
+    throw ckpt_error(path, "tensor 'rng.cuda' is not a generator state (1-D U8)");
   return meta;
 }
 
@@ -235,94 +247,81 @@ std::string shape_str(torch::IntArrayRef s) {
   return o.str();
 }
 
-void load_weights(InputArchive& a, const std::string& path, model::GPT& model) {
-  InputArchive weights;
-  if (!a.try_read("model", weights)) throw ckpt_error(path, "the model weights are missing");
-  torch::NoGradGuard no_grad;
+void load_weights(SafeTensorsReader& reader, const std::string& path, model::GPT& model) {
+  // Every tensor is checked before the first one is copied: a bad file leaves the model as it was.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> checked;  // (from the file, parameter)
   for (auto& item : model->named_parameters()) {
-    auto t = read_tensor(weights, path, item.key(), true);
-    if (t.sizes() != item.value().sizes())
-      throw ckpt_error(path, "tensor '" + item.key() + "' has shape " + shape_str(t.sizes()) + ", the config expects " +
+    const std::string name = kModelPrefix + item.key();
+    const TensorInfo* info = reader.find(name);
+    if (!info) throw ckpt_error(path, "tensor '" + name + "' is missing");
+    if (torch::IntArrayRef(info->shape) != item.value().sizes())
+      throw ckpt_error(path, "tensor '" + name + "' has shape " + shape_str(info->shape) + ", the config expects " +
                                  shape_str(item.value().sizes()));
-    if (!t.is_floating_point()) throw ckpt_error(path, "tensor '" + item.key() + "' is not floating point");
-    item.value().copy_(t);
+    if (!c10::isFloatingType(info->dtype)) throw ckpt_error(path, "tensor '" + name + "' is not floating point");
+    checked.emplace_back(reader.read(*info), item.value());
   }
+  torch::NoGradGuard no_grad;
+  for (auto& [stored, param] : checked) param.copy_(stored);
 }
 
-// Writes the archive to `path` through our own file descriptor. LibTorch must never see a failed
-// write: its zip writer throws, and its destructor then retries and throws again, which calls
-// std::terminate (a full disk used to abort the run with a LibTorch stack trace and leave the
-// temporary file behind). So the first error (ENOSPC, EFBIG, EIO) is remembered, the rest of the
-// bytes are dropped, and the error is thrown here once LibTorch has finished.
-void write_archive(OutputArchive& archive, const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno));
-  int write_errno = 0;
+void load_optimizer(SafeTensorsReader& reader, const std::string& path, FlatAdamW& optimizer) {
+  const std::string prefix = kOptimizerPrefix;
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  for (const auto& info : reader.tensors())
+    if (info.name.rfind(prefix, 0) == 0) state.emplace_back(info.name.substr(prefix.size()), reader.read(info));
   try {
-    archive.save_to([&](const void* data, size_t size) -> size_t {
-      const auto* bytes = static_cast<const char*>(data);
-      for (size_t done = 0; done < size && write_errno == 0;) {
-        const ssize_t n = ::write(fd, bytes + done, size - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) write_errno = errno;
-        else done += static_cast<size_t>(n);
-      }
-      return size;  // claim success even after an error (see above)
-    });
-  } catch (const c10::Error& e) {
-    ::close(fd);
-    throw std::runtime_error(first_line(e.what_without_backtrace()));
+    optimizer.load_state(state);
+  } catch (const std::runtime_error& e) {  // "[ckpt] optimizer state ...": add the path
+    const std::string what = e.what();
+    throw ckpt_error(path, what.rfind("[ckpt] ", 0) == 0 ? what.substr(7) : what);
   }
-  if (::close(fd) != 0 && write_errno == 0) write_errno = errno;
-  if (write_errno != 0) throw std::runtime_error(std::string("write failed: ") + std::strerror(write_errno));
 }
 
 }  // namespace
 
+std::string model_config_to_json(const model::ModelConfig& m) {
+  return Json{{"vocab_size", m.vocab_size}, {"block_size", m.block_size},     {"n_layer", m.n_layer},
+              {"n_head", m.n_head},         {"n_kv_head", m.n_kv_head},       {"n_embd", m.n_embd},
+              {"dropout", m.dropout},       {"bias", m.bias},                 {"pos_encoding", m.pos_encoding},
+              {"rope_base", m.rope_base},   {"norm", m.norm},                 {"attention", m.attention}}
+      .dump(-1, ' ', false, Json::error_handler_t::replace);  // invalid UTF-8 (never valid) fails on reading
+}
+
 void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta) {
-  OutputArchive archive;
-  archive.write("format_version", kCheckpointFormatVersion);
-  archive.write("iter", meta.iter);
-  archive.write("best_val_loss", meta.best_val_loss);
-  archive.write("config_yaml", meta.config_yaml);
-  archive.write("vocab", meta.vocab.serialize());
-  archive.write("sampler_state", meta.sampler_state);
-  archive.write("eval_done", meta.eval_done);
-  archive.write("loss_scale", meta.loss_scale);
-  archive.write("loss_scale_growth", meta.loss_scale_growth);
-  write_model_config(archive, meta.model_config);
-  archive.write("rng.cpu", meta.torch_rng_state);
-  if (meta.cuda_rng_state.defined()) archive.write("rng.cuda", meta.cuda_rng_state);
-  OutputArchive weights;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const auto& item : model->named_parameters())
-    weights.write(item.key(), item.value().detach().to(torch::kCPU, torch::kFloat).clone());  // own storage each
-  archive.write("model", weights);
-  OutputArchive opt;
-  optimizer.save(opt);
-  archive.write("optimizer", opt);
-  data::write_file_atomically(path, [&](const std::string& tmp) { write_archive(archive, tmp); }, "ckpt");
+    tensors.emplace_back(kModelPrefix + item.key(), item.value().detach().to(torch::kFloat));
+  for (const auto& [name, tensor] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, tensor);
+  tensors.emplace_back("rng.cpu", meta.torch_rng_state);
+  if (meta.cuda_rng_state.defined()) tensors.emplace_back("rng.cuda", meta.cuda_rng_state);
+  const std::map<std::string, std::string> metadata = {
+      {"format", kCheckpointFormat},
+      {"format_version", std::to_string(kCheckpointFormatVersion)},
+      {"iter", std::to_string(meta.iter)},
+      {"best_val_loss", number_text(meta.best_val_loss)},
+      {"eval_done", meta.eval_done ? "true" : "false"},
+      {"config_yaml", meta.config_yaml},
+      {"model_config", model_config_to_json(meta.model_config)},
+      {"vocab", meta.vocab.serialize()},
+      {"sampler_state", meta.sampler_state},
+      {"loss_scale", number_text(meta.loss_scale)},
+      {"loss_scale_growth", std::to_string(meta.loss_scale_growth)},
+  };
+  write_safetensors(path, tensors, metadata, "ckpt");
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
-  InputArchive archive;
-  const uint64_t file_size = open_archive(path, archive);
-  return read_meta(archive, path, file_size);
+  check_file(path);
+  SafeTensorsReader reader(path, "ckpt");
+  return read_meta(reader, path);
 }
 
 CheckpointMeta load_checkpoint(const std::string& path, model::GPT* model, FlatAdamW* optimizer) {
-  InputArchive archive;
-  const uint64_t file_size = open_archive(path, archive);
-  auto meta = read_meta(archive, path, file_size);
-  if (model) load_weights(archive, path, *model);
-  if (optimizer) {
-    InputArchive opt;
-    if (!archive.try_read("optimizer", opt)) throw ckpt_error(path, "the optimizer state is missing");
-    try {
-      optimizer->load(opt);
-    } catch (const std::exception& e) {  // also LibTorch's c10::Error (a missing entry), not a runtime_error
-      throw ckpt_error(path, first_line(e.what()));
-    }
-  }
+  check_file(path);
+  SafeTensorsReader reader(path, "ckpt");
+  auto meta = read_meta(reader, path);
+  if (model) load_weights(reader, path, *model);
+  if (optimizer) load_optimizer(reader, path, *optimizer);
   return meta;
 }
 
@@ -339,16 +338,16 @@ std::string resolve_checkpoint(const std::string& path) {
 }
 
 LoadedModel load_model(const std::string& path, torch::Device device) {
-  InputArchive archive;
-  const uint64_t file_size = open_archive(path, archive);
+  check_file(path);
+  SafeTensorsReader reader(path, "ckpt");
   LoadedModel loaded;
   loaded.path = path;
-  loaded.meta = read_meta(archive, path, file_size);
+  loaded.meta = read_meta(reader, path);
   loaded.vocab = loaded.meta.vocab;
   auto config = loaded.meta.model_config;
   config.dropout = 0.0;  // inference
   loaded.model = model::GPT(config);
-  load_weights(archive, path, loaded.model);
+  load_weights(reader, path, loaded.model);
   loaded.model->to(device);
   loaded.model->eval();
   return loaded;

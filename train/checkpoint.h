@@ -1,6 +1,7 @@
-// Checkpoints: one file with the model, the optimizer, the step, the best val loss, the effective
-// config (YAML), the vocabulary, every RNG/sampler state needed to continue exactly, and a format
-// version. Written atomically; read with validation (a mismatch names the tensor).
+// Checkpoints: one safetensors file (train/safetensors.h) with the model, the optimizer, the step,
+// the best val loss, the effective config (YAML), the model config, the vocabulary, every
+// RNG/sampler state needed to continue exactly, and a format version. Python opens it with
+// safetensors.numpy.load_file. Written atomically; read with validation (a mismatch names the tensor).
 #pragma once
 
 #include <torch/torch.h>
@@ -14,9 +15,12 @@
 
 namespace nanogpt::train {
 
-constexpr int64_t kCheckpointFormatVersion = 1;
-constexpr const char* kLastCheckpoint = "ckpt_last.pt";  // every evaluation and on Ctrl-C: resume reads it
-constexpr const char* kBestCheckpoint = "ckpt_best.pt";  // best val loss so far: sampling reads it
+/// 1: a LibTorch archive (zip of pickles), up to this change; 2: safetensors.
+constexpr int64_t kCheckpointFormatVersion = 2;
+/// The "format" metadata value that marks a safetensors file as one of our checkpoints.
+constexpr const char* kCheckpointFormat = "nanogpt-cpp checkpoint";
+constexpr const char* kLastCheckpoint = "ckpt_last.safetensors";  // every evaluation and on Ctrl-C: resume reads it
+constexpr const char* kBestCheckpoint = "ckpt_best.safetensors";  // best val loss so far: sampling reads it
 
 /// Everything but the model weights and optimizer tensors.
 struct CheckpointMeta {
@@ -48,19 +52,24 @@ class FlatAdamW;
 /// leaves either the previous file or the complete new one. Throws "[ckpt] cannot write ...".
 void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta);
 
-/// Reads and validates a checkpoint's metadata only (no weights are created).
+/// Reads and validates a checkpoint's metadata only: the header and the RNG states, never the
+/// weights or the optimizer state.
 CheckpointMeta read_checkpoint_meta(const std::string& path);
 
 /// Loads weights into `model` and state into `optimizer` (either may be null) and returns the meta.
 /// Every tensor is checked against the model built from the config; a mismatch names the tensor.
 CheckpointMeta load_checkpoint(const std::string& path, model::GPT* model, FlatAdamW* optimizer);
 
-/// `path` may be a checkpoint file or an out_dir (then ckpt_best.pt, else ckpt_last.pt).
+/// `path` may be a checkpoint file or an out_dir (then ckpt_best.safetensors, else ckpt_last.safetensors).
 /// Throws "[ckpt] no checkpoint in 'dir' (...)" when there is none.
 std::string resolve_checkpoint(const std::string& path);
 
 /// Loads a model for inference (eval mode) on `device`. Throws "[ckpt] ..." on a missing, empty,
-/// truncated, foreign or mismatched file; never crashes.
+/// truncated, foreign or mismatched file, and on a format-1 checkpoint (a LibTorch archive);
+/// never crashes.
 LoadedModel load_model(const std::string& path, torch::Device device = torch::kCPU);
+
+/// Every field of `config` as a JSON object (text), as checkpoints store it.
+std::string model_config_to_json(const model::ModelConfig& config);
 
 }  // namespace nanogpt::train

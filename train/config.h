@@ -15,11 +15,11 @@ namespace nanogpt::train {
 struct TrainConfig {
   // I/O
   std::string out_dir = "out";               // checkpoints, metrics.csv, train.log, config.yaml
-  int64_t eval_interval = 2000;              // evaluate (and write ckpt_last.pt) every N iters
+  int64_t eval_interval = 2000;              // evaluate (and write ckpt_last.safetensors) every N iters
   int64_t log_interval = 1;                  // one [train] line every N iters
   int64_t eval_iters = 200;                  // batches averaged per split at each evaluation
   bool eval_only = false;                    // evaluate once and exit
-  bool always_save_checkpoint = true;        // true: ckpt_best.pt at every eval (nanoGPT's ckpt.pt); false: only when val improves
+  bool always_save_checkpoint = true;        // true: ckpt_best.safetensors at every eval (nanoGPT's ckpt.pt); false: only when val improves
   std::string init_from = "scratch";         // scratch | resume
   // data
   std::string dataset = "data/shakespeare_char";  // folder with input.txt (tokens prepared on demand)

@@ -1,41 +1,31 @@
 // export_safetensors (see export.h): parameters in fp32 plus everything needed to run them.
 #include "train/export.h"
 
-#include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
-#include "train/json.h"
 #include "train/safetensors.h"
 
 namespace nanogpt::train {
 
+using Json = nlohmann::ordered_json;
+
 std::string model_config_json(const model::ModelConfig& config) {
-  auto integer = [](int64_t v) { return std::to_string(v); };
-  std::string json = "{";
-  json += "\"vocab_size\":" + integer(config.vocab_size);
-  json += ",\"block_size\":" + integer(config.block_size);
-  json += ",\"n_layer\":" + integer(config.n_layer);
-  json += ",\"n_head\":" + integer(config.n_head);
-  json += ",\"n_kv_head\":" + integer(config.kv_heads());
-  json += ",\"n_embd\":" + integer(config.n_embd);
-  json += std::string(",\"bias\":") + (config.bias ? "true" : "false");
-  json += ",\"pos_encoding\":" + json::quote(config.pos_encoding);
-  json += ",\"rope_base\":" + json::number(config.rope_base);
-  json += ",\"norm\":" + json::quote(config.norm);
-  json += ",\"dropout\":" + json::number(config.dropout);
-  return json + "}";
+  // The checkpoint's mapping of the fields, with the head count resolved and without the
+  // attention implementation (a choice of kernel, not of weights).
+  Json json = Json::parse(model_config_to_json(config));
+  json["n_kv_head"] = config.kv_heads();
+  json.erase("attention");
+  return json.dump();
 }
 
 std::string vocab_json(const data::Vocab& vocab) {
-  std::string json = "[";
-  for (int64_t id = 0; id < vocab.size(); ++id) {
-    if (id) json += ',';
-    json += json::quote(vocab.decode_one(id));
-  }
-  return json + "]";
+  Json chars = Json::array();
+  for (int64_t id = 0; id < vocab.size(); ++id) chars.push_back(vocab.decode_one(id));
+  return chars.dump();
 }
 
 void export_safetensors(const LoadedModel& loaded, const std::string& path) {
@@ -60,8 +50,8 @@ void export_safetensors(const LoadedModel& loaded, const std::string& path) {
       {"tied_lm_head", "wte.weight"},
       {"vocab", vocab_json(loaded.vocab)},
       {"iter", std::to_string(loaded.meta.iter)},
-      {"best_val_loss", std::isfinite(loaded.meta.best_val_loss) ? json::number(loaded.meta.best_val_loss)
-                                                                  : std::to_string(loaded.meta.best_val_loss)},
+      // A number, or null when the loss is not finite (JSON has no NaN).
+      {"best_val_loss", Json(loaded.meta.best_val_loss).dump()},
   };
   write_safetensors(path, tensors, metadata);
 }

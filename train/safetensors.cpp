@@ -1,24 +1,27 @@
 // safetensors writer and validating reader. See safetensors.h for the layout.
 #include "train/safetensors.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
-#include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 
 #include "data/atomic_file.h"
 #include "data/utf8.h"
-#include "train/json.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors stores little-endian bytes; this writer copies host memory as is");
 
 namespace nanogpt::train {
 namespace {
+
+using Json = nlohmann::ordered_json;  // keeps the header's member order
 
 struct Dtype {
   const char* name;
@@ -32,6 +35,7 @@ constexpr Dtype kDtypes[] = {
 };
 constexpr const char* kSupported = "F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL";
 constexpr const char* kMetadataKey = "__metadata__";
+constexpr int kMaxJsonDepth = 64;  // a safetensors header nests 3 deep; deeper is damage
 
 const Dtype* dtype_of(torch::ScalarType type) {
   for (const auto& d : kDtypes)
@@ -54,30 +58,82 @@ bool is_utf8(const std::string& s) {
   }
 }
 
+// A JSON value quoted in an error message, cut short: a damaged shape may hold a million numbers.
+std::string brief(const Json& value) {
+  std::string text = value.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
+const char* kind_name(const Json& value) {
+  return value.type_name();  // "object", "array", "string", "number", "boolean", "null"
+}
+
+// nlohmann's error without its "[json.exception.parse_error.101] " tag (ours comes first) and
+// without its "; last read: ..." (raw header bytes: excerpt() quotes them safely instead).
+std::string json_reason(const std::string& what) {
+  std::string reason = what;
+  const auto tag_end = reason.find("] ");
+  if (reason.rfind("[json.exception.", 0) == 0 && tag_end != std::string::npos) reason = reason.substr(tag_end + 2);
+  return reason.substr(0, reason.find("; last read"));
+}
+
+// Up to 24 header bytes before `end`, every byte outside printable ASCII as \xNN.
+std::string excerpt(std::string_view text, size_t end) {
+  end = std::min(end, text.size());
+  const size_t begin = end > 24 ? end - 24 : 0;
+  std::string out;
+  for (const char c : text.substr(begin, end - begin)) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7F) {
+      out += c;
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+// Parses the header; nlohmann silently keeps the last of two equal keys, which would hide a
+// damaged name, so the parser callback rejects them (and absurd nesting) as it reads.
+Json parse_header(std::string_view text) {
+  std::vector<std::set<std::string>> keys;  // per open object
+  const auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth > kMaxJsonDepth) throw std::runtime_error("nesting deeper than " + std::to_string(kMaxJsonDepth));
+    if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
+      throw std::runtime_error("duplicate key " + parsed.dump());
+    return true;
+  };
+  try {
+    return Json::parse(text.begin(), text.end(), callback);
+  } catch (const Json::parse_error& e) {
+    throw std::runtime_error("at byte " + std::to_string(e.byte) + " (after '" + excerpt(text, e.byte) +
+                             "'): " + json_reason(e.what()));
+  } catch (const Json::exception& e) {
+    throw std::runtime_error(json_reason(e.what()));
+  }
+}
 
 std::string header_json(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                         const std::map<std::string, std::string>& metadata) {
-  std::string json = "{";
+  Json header = Json::object();
   if (!metadata.empty()) {
-    json += json::quote(kMetadataKey) + ":{";
-    bool first = true;
-    for (const auto& [key, value] : metadata) {
-      if (!first) json += ',';
-      first = false;
-      json += json::quote(key) + ':' + json::quote(value);
-    }
-    json += '}';
+    Json& meta = header[kMetadataKey] = Json::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;
   }
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
-    if (json.size() > 1) json += ',';
-    json += json::quote(name) + ":{\"dtype\":\"" + dtype_of(tensor.scalar_type())->name + "\",\"shape\":[";
-    for (int64_t d = 0; d < tensor.dim(); ++d) json += (d ? "," : "") + std::to_string(tensor.size(d));
-    uint64_t end = offset + tensor.nbytes();
-    json += "],\"data_offsets\":[" + std::to_string(offset) + ',' + std::to_string(end) + "]}";
+    const uint64_t end = offset + tensor.nbytes();
+    header[name] = {{"dtype", dtype_of(tensor.scalar_type())->name},
+                    {"shape", tensor.sizes().vec()},
+                    {"data_offsets", {offset, end}}};
     offset = end;
   }
-  json += '}';
+  std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
   return json;
 }
@@ -85,16 +141,16 @@ std::string header_json(const std::vector<std::pair<std::string, torch::Tensor>>
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, std::string_view tag) {
   auto fail = [&](const std::string& what) {
-    throw std::runtime_error("[export] cannot write '" + path + "': " + what);
+    throw std::runtime_error("[" + std::string(tag) + "] cannot write '" + path + "': " + what);
   };
   std::vector<std::pair<std::string, torch::Tensor>> cpu;  // contiguous CPU copies (views when already so)
   std::set<std::string> names;
   for (const auto& [name, tensor] : tensors) {
     if (name.empty()) fail("a tensor has an empty name");
     if (name == kMetadataKey) fail("the tensor name '__metadata__' is reserved for metadata");
-    if (!is_utf8(name)) fail("tensor name " + json::quote(name) + " is not valid UTF-8");
+    if (!is_utf8(name)) fail("tensor name '" + data::escape_controls(name) + "' is not valid UTF-8");
     if (!names.insert(name).second) fail("duplicate tensor name '" + name + "'");
     if (!tensor.defined()) fail("tensor '" + name + "' is undefined");
     if (dtype_of(tensor.scalar_type()) == nullptr)
@@ -103,7 +159,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     cpu.emplace_back(name, tensor.detach().to(torch::kCPU).contiguous());
   }
   for (const auto& [key, value] : metadata)
-    if (!is_utf8(key) || !is_utf8(value)) fail("metadata '" + key + "' is not valid UTF-8");
+    if (!is_utf8(key) || !is_utf8(value)) fail("metadata '" + data::escape_controls(key) + "' is not valid UTF-8");
 
   const std::string header = header_json(cpu, metadata);
   data::write_file_atomically(
@@ -121,126 +177,141 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
         out.flush();
         if (!out) throw std::runtime_error(std::string("write failed: ") + std::strerror(errno));
       },
-      "export");
+      tag);
 }
 
-SafeTensors read_safetensors(const std::string& path) {
-  auto fail = [&](const std::string& what) -> void {
-    throw std::runtime_error(data::escape_controls("[export] '" + path + "': " + what));
-  };
-  const std::string bytes = data::read_file(path, "export");
-  if (bytes.size() < 8)
-    fail("file is " + std::to_string(bytes.size()) +
-         " bytes, too short for the 8-byte header length (empty or truncated file?)");
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
-  if (header_len > bytes.size() - 8)
-    fail("header length " + std::to_string(header_len) + " exceeds the " + std::to_string(bytes.size() - 8) +
-         " bytes after it (truncated file, or not a safetensors file?)");
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = bytes.size() - data_start;
+void SafeTensorsReader::fail(const std::string& what) const {
+  throw std::runtime_error(data::escape_controls("[" + tag_ + "] '" + path_ + "': " + what));
+}
 
-  json::Value header;
+SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view tag) : path_(path), tag_(tag) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode))
+    throw std::runtime_error("[" + tag_ + "] cannot read '" + path + "': " +
+                             (S_ISDIR(st.st_mode) ? "is a directory" : std::strerror(errno)));
+  in_.open(path, std::ios::binary);
+  if (!in_) throw std::runtime_error("[" + tag_ + "] cannot read '" + path + "': " + std::strerror(errno));
+  file_size_ = static_cast<uint64_t>(st.st_size);
+  if (file_size_ < 8)
+    fail("file is " + std::to_string(file_size_) + " bytes, too short for the 8-byte header length (empty or truncated file?)");
+  unsigned char length[8];
+  in_.read(reinterpret_cast<char*>(length), 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | length[i];
+  if (!in_ || header_len > file_size_ - 8)
+    fail("header length " + std::to_string(header_len) + " exceeds the " + std::to_string(file_size_ - 8) +
+         " bytes after it (truncated file, or not a safetensors file?)");
+  data_start_ = 8 + header_len;
+  const uint64_t data_size = file_size_ - data_start_;
+  std::string text(header_len, '\0');
+  in_.read(text.data(), static_cast<std::streamsize>(header_len));
+  if (!in_) fail("cannot read the " + std::to_string(header_len) + "-byte header (file changed while reading?)");
+
+  Json header;
   try {
-    header = json::parse(std::string_view(bytes).substr(8, header_len));
+    header = parse_header(text);
   } catch (const std::exception& e) {
     fail(std::string("header is not valid JSON: ") + e.what() + " (corrupted file, or not a safetensors file?)");
   }
-  if (header.kind != json::Value::Kind::Object)
-    fail(std::string("header is a JSON ") + json::kind_name(header.kind) + ", expected an object");
+  if (!header.is_object()) fail(std::string("header is a JSON ") + kind_name(header) + ", expected an object");
 
-  struct Entry {
-    std::string name;
-    const Dtype* dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
-  SafeTensors result;
-  std::vector<Entry> entries;
-  for (const auto& [name, value] : header.object) {
+  for (const auto& [name, value] : header.items()) {
     if (name == kMetadataKey) {
-      if (value.kind != json::Value::Kind::Object) fail("__metadata__ is not an object");
-      for (const auto& [key, v] : value.object) {
-        if (v.kind != json::Value::Kind::String)
-          fail("metadata '" + key + "' is a " + json::kind_name(v.kind) + ", but metadata values must be strings");
-        result.metadata[key] = v.string;
+      if (!value.is_object()) fail("__metadata__ is not an object");
+      for (const auto& [key, v] : value.items()) {
+        if (!v.is_string())
+          fail("metadata '" + key + "' is a " + kind_name(v) + ", but metadata values must be strings");
+        metadata_[key] = v.get<std::string>();
       }
       continue;
     }
     const std::string where = "tensor '" + name + "'";
-    if (value.kind != json::Value::Kind::Object) fail(where + " is not described by an object");
-    for (const auto& [key, v] : value.object)
+    if (!value.is_object()) fail(where + " is not described by an object");
+    for (const auto& [key, v] : value.items())
       if (key != "dtype" && key != "shape" && key != "data_offsets")
         fail(where + " has an unknown field '" + key + "' (expected dtype, shape, data_offsets)");
-    const json::Value* dtype = value.find("dtype");
-    const json::Value* shape = value.find("shape");
-    const json::Value* offsets = value.find("data_offsets");
-    if (!dtype || !shape || !offsets) fail(where + " lacks dtype, shape or data_offsets");
-    Entry entry{name, nullptr, {}, 0, 0};
-    if (dtype->kind != json::Value::Kind::String || !(entry.dtype = dtype_named(dtype->string)))
-      fail(where + " has dtype " + json::dump(*dtype) + " (supported: " + kSupported + ")");
-    if (shape->kind != json::Value::Kind::Array) fail(where + ": shape is not an array");
-    for (const auto& dim : shape->array) {
-      if (dim.kind != json::Value::Kind::Number || !dim.is_integer || dim.integer < 0)
-        fail(where + ": shape " + json::dump(*shape) + " must hold non-negative integers");
-      entry.shape.push_back(dim.integer);
+    if (!value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets"))
+      fail(where + " lacks dtype, shape or data_offsets");
+    const Json& dtype = value["dtype"];
+    const Json& shape = value["shape"];
+    const Json& offsets = value["data_offsets"];
+    const Dtype* known = dtype.is_string() ? dtype_named(dtype.get<std::string>()) : nullptr;
+    if (!known) fail(where + " has dtype " + brief(dtype) + " (supported: " + kSupported + ")");
+    TensorInfo info{name, known->type, {}, 0, 0};
+    if (!shape.is_array()) fail(where + ": shape is not an array");
+    for (const auto& dim : shape) {
+      if (!dim.is_number_unsigned())  // nlohmann reads a non-negative integer literal as unsigned
+        fail(where + ": shape " + brief(shape) + " must hold non-negative integers");
+      if (dim.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        fail(where + ": shape " + brief(shape) + " is too large");
+      info.shape.push_back(dim.get<int64_t>());
     }
-    if (offsets->kind != json::Value::Kind::Array || offsets->array.size() != 2)
-      fail(where + ": data_offsets must be [begin, end]");
-    for (const auto& o : offsets->array)
-      if (o.kind != json::Value::Kind::Number || !o.is_integer || o.integer < 0)
-        fail(where + ": data_offsets " + json::dump(*offsets) + " must be non-negative integers");
-    entry.begin = static_cast<uint64_t>(offsets->array[0].integer);
-    entry.end = static_cast<uint64_t>(offsets->array[1].integer);
-    if (entry.begin > entry.end || entry.end > data_size)
-      fail(where + ": data_offsets " + json::dump(*offsets) + " lie outside the data section of " +
-           std::to_string(data_size) + " bytes (truncated or corrupted file?)");
+    if (!offsets.is_array() || offsets.size() != 2) fail(where + ": data_offsets must be [begin, end]");
+    for (const auto& o : offsets)
+      if (!o.is_number_unsigned()) fail(where + ": data_offsets " + brief(offsets) + " must be non-negative integers");
+    info.begin = offsets[0].get<uint64_t>();
+    info.end = offsets[1].get<uint64_t>();
+    if (info.begin > info.end || info.end > data_size)
+      fail(where + ": data_offsets " + brief(offsets) + " lie outside the data section of " + std::to_string(data_size) +
+           " bytes (truncated or corrupted file?)");
     // shape x dtype size, without overflow: a zero dimension makes it 0 whatever the others are.
-    uint64_t expected = torch::elementSize(entry.dtype->type);
-    if (std::find(entry.shape.begin(), entry.shape.end(), 0) != entry.shape.end()) expected = 0;
-    for (int64_t dim : entry.shape)
+    uint64_t expected = torch::elementSize(info.dtype);
+    if (std::find(info.shape.begin(), info.shape.end(), 0) != info.shape.end()) expected = 0;
+    for (int64_t dim : info.shape)
       if (expected != 0 && __builtin_mul_overflow(expected, static_cast<uint64_t>(dim), &expected))
-        fail(where + ": shape " + json::dump(*shape) + " is too large");
-    if (expected != entry.end - entry.begin)
-      fail(where + ": shape " + json::dump(*shape) + " of " + entry.dtype->name + " needs " +
-           std::to_string(expected) + " bytes but data_offsets " + json::dump(*offsets) + " span " +
-           std::to_string(entry.end - entry.begin) + " (corrupted header?)");
-    entries.push_back(std::move(entry));
+        fail(where + ": shape " + brief(shape) + " is too large");
+    if (expected != info.end - info.begin)
+      fail(where + ": shape " + brief(shape) + " of " + known->name + " needs " + std::to_string(expected) +
+           " bytes but data_offsets " + brief(offsets) + " span " + std::to_string(info.end - info.begin) +
+           " (corrupted header?)");
+    tensors_.push_back(std::move(info));
   }
 
   // The tensors must tile the data section exactly: no gaps, no overlaps, no trailing bytes.
-  std::vector<const Entry*> by_offset;
-  for (const auto& e : entries) by_offset.push_back(&e);
-  std::stable_sort(by_offset.begin(), by_offset.end(),
-                   [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  std::stable_sort(tensors_.begin(), tensors_.end(),
+                   [](const TensorInfo& a, const TensorInfo& b) { return a.begin < b.begin; });
   uint64_t covered = 0;
-  for (const Entry* e : by_offset) {
-    if (e->begin != covered)
-      fail("tensor '" + e->name + "' starts at data offset " + std::to_string(e->begin) + " but the tensors before it end at " +
-           std::to_string(covered) + " (gaps and overlaps are not allowed)");
-    covered = e->end;
+  for (const TensorInfo& t : tensors_) {
+    if (t.begin != covered)
+      fail("tensor '" + t.name + "' starts at data offset " + std::to_string(t.begin) +
+           " but the tensors before it end at " + std::to_string(covered) + " (gaps and overlaps are not allowed)");
+    covered = t.end;
   }
   if (covered != data_size)
     fail("the tensors cover " + std::to_string(covered) + " bytes but the data section holds " +
          std::to_string(data_size) + " (trailing bytes, or a corrupted header?)");
+}
 
-  for (const auto& e : entries) {
-    torch::Tensor t;
-    try {
-      t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype->type));
-    } catch (const std::exception& err) {
-      fail("tensor '" + e.name + "': cannot allocate shape " + c10::str(c10::IntArrayRef(e.shape)) + " (" + err.what() + ")");
-    }
-    const char* src = bytes.data() + data_start + e.begin;
-    const size_t n = e.end - e.begin;
-    if (e.dtype->type == torch::kBool)
-      for (size_t i = 0; i < n; ++i)
-        if (static_cast<unsigned char>(src[i]) > 1)
-          fail("tensor '" + e.name + "' is BOOL but holds byte " + std::to_string(static_cast<unsigned char>(src[i])) +
-               " (only 0 and 1 are valid)");
-    if (n > 0) std::memcpy(t.data_ptr(), src, n);
-    result.tensors.emplace_back(e.name, std::move(t));
+const TensorInfo* SafeTensorsReader::find(std::string_view name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+torch::Tensor SafeTensorsReader::read(const TensorInfo& info) {
+  // The header checks bound the allocation by the file size.
+  torch::Tensor t = torch::empty(info.shape, torch::TensorOptions().dtype(info.dtype));
+  const uint64_t n = info.end - info.begin;
+  if (n > 0) {
+    in_.clear();
+    in_.seekg(static_cast<std::streamoff>(data_start_ + info.begin));
+    in_.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(n));
+    if (!in_) fail("tensor '" + info.name + "': cannot read its " + std::to_string(n) + " bytes (file changed while reading?)");
   }
+  if (info.dtype == torch::kBool) {
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    for (uint64_t i = 0; i < n; ++i)
+      if (bytes[i] > 1)
+        fail("tensor '" + info.name + "' is BOOL but holds byte " + std::to_string(bytes[i]) + " (only 0 and 1 are valid)");
+  }
+  return t;
+}
+
+SafeTensors read_safetensors(const std::string& path, std::string_view tag) {
+  SafeTensorsReader reader(path, tag);
+  SafeTensors result;
+  result.metadata = reader.metadata();
+  for (const auto& info : reader.tensors()) result.tensors.emplace_back(info.name, reader.read(info));
   return result;
 }
 

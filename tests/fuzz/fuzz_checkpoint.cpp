@@ -2,11 +2,12 @@
 // (read_checkpoint_meta, then load_checkpoint into a model built from the stored config) do it.
 //
 // Input layout: one selector byte, then
-//  - even selector: the raw bytes of a checkpoint file (LibTorch zip archive, or anything else);
-//  - odd selector: a recipe, read with FuzzedDataProvider, for a well-formed LibTorch archive whose
-//    entries are each present or missing, of the right or the wrong type, with plausible or
-//    arbitrary values (configs, vocabularies, weight shapes and dtypes, optimizer state). Mutating
-//    the zip bytes rarely gets past LibTorch's parser; the recipe reaches our own validation.
+//  - even selector: the raw bytes of a checkpoint file (safetensors, a format-1 zip, or anything);
+//  - odd selector: a recipe, read with FuzzedDataProvider, for a well-formed safetensors file
+//    whose metadata entries and tensors are each present or missing, of the right or the wrong
+//    type, with plausible or arbitrary values (configs, vocabularies, weight shapes and dtypes,
+//    optimizer state). Mutating raw bytes exercises the safetensors reader; the recipe reaches
+//    the checkpoint's own validation behind it.
 // Properties, beyond "no crash, no UB, no runaway allocation": every failure is a one-line
 // "[ckpt] ..." (or "[data] ..." for the sampler state) error; a success returns a model whose
 // config validates and whose vocabulary matches.
@@ -17,11 +18,17 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "data/batch_sampler.h"
 #include "data/vocab.h"
@@ -29,11 +36,14 @@
 #include "tests/fuzz/fuzz_common.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
+#include "train/safetensors.h"
 
 using namespace nanogpt;
 using nanogpt::fuzz::expect_clear_error;
 using nanogpt::fuzz::finding;
-using torch::serialize::OutputArchive;
+using Json = nlohmann::ordered_json;
+using Tensors = std::vector<std::pair<std::string, torch::Tensor>>;
+using Metadata = std::map<std::string, std::string>;
 
 namespace {
 
@@ -60,40 +70,38 @@ std::string pick_string(FuzzedDataProvider& fdp, std::initializer_list<const cha
   return usual.begin()[i];
 }
 
-enum class Entry { Missing, WrongType, Good };
-
-Entry pick_entry(FuzzedDataProvider& fdp) {
-  const int r = fdp.ConsumeIntegralInRange<int>(0, 31);
-  return r == 30 ? Entry::Missing : r == 31 ? Entry::WrongType : Entry::Good;
+// A JSON value for a metadata field: the good one, or (rarely) missing (null: dropped), a value of
+// another type, or text that is not JSON.
+Json pick_value(FuzzedDataProvider& fdp, const Json& good) {
+  switch (fdp.ConsumeIntegralInRange<int>(0, 31)) {
+    case 28: return nullptr;
+    case 29: return fdp.ConsumeRandomLengthString(8);
+    case 30: return fdp.ConsumeIntegral<int64_t>();
+    case 31: return fdp.ConsumeFloatingPoint<double>();
+    default: return good;
+  }
 }
 
-// Writes `good` unless the recipe says to leave the key out or store a value of another type.
-template <typename T>
-void write_entry(FuzzedDataProvider& fdp, OutputArchive& a, const std::string& key, const T& good) {
-  switch (pick_entry(fdp)) {
-    case Entry::Missing: return;
-    case Entry::WrongType:
-      switch (fdp.ConsumeIntegralInRange<int>(0, 3)) {
-        case 0: a.write(key, c10::IValue(fdp.ConsumeRandomLengthString(8))); return;
-        case 1: a.write(key, c10::IValue(fdp.ConsumeIntegral<int64_t>())); return;
-        case 2: a.write(key, c10::IValue(fdp.ConsumeFloatingPoint<double>())); return;
-        default: a.write(key, torch::zeros({fdp.ConsumeIntegralInRange<int64_t>(0, 4)})); return;
-      }
-    case Entry::Good: a.write(key, c10::IValue(good)); return;
+// Sets metadata `key` to `good` unless the recipe leaves it out or stores something else.
+void put(FuzzedDataProvider& fdp, Metadata& meta, const std::string& key, const std::string& good) {
+  switch (fdp.ConsumeIntegralInRange<int>(0, 31)) {
+    case 30: return;
+    case 31: meta[key] = fdp.ConsumeRandomLengthString(12); return;
+    default: meta[key] = good; return;
   }
 }
 
 // A tensor like `t`, or (per the recipe) missing, reshaped, of another dtype, or with NaNs.
-void write_tensor(FuzzedDataProvider& fdp, OutputArchive& a, const std::string& key, const torch::Tensor& t) {
+void put_tensor(FuzzedDataProvider& fdp, Tensors& tensors, const std::string& key, const torch::Tensor& t) {
   switch (fdp.ConsumeIntegralInRange<int>(0, 23)) {
     case 17: return;
-    case 18: a.write(key, torch::zeros({fdp.ConsumeIntegralInRange<int64_t>(0, 8), fdp.ConsumeIntegralInRange<int64_t>(0, 3)})); return;
-    case 19: a.write(key, t.to(torch::kInt32)); return;
-    case 20: a.write(key, t.to(torch::kDouble)); return;
-    case 21: a.write(key, t.reshape({-1})); return;
-    case 22: a.write(key, torch::full(t.sizes(), std::nan(""), torch::kFloat)); return;
-    case 23: a.write(key, c10::IValue(fdp.ConsumeRandomLengthString(4))); return;
-    default: a.write(key, t); return;
+    case 18: tensors.emplace_back(key, torch::zeros({fdp.ConsumeIntegralInRange<int64_t>(0, 8), fdp.ConsumeIntegralInRange<int64_t>(0, 3)})); return;
+    case 19: tensors.emplace_back(key, t.to(torch::kInt32)); return;
+    case 20: tensors.emplace_back(key, t.to(torch::kDouble)); return;
+    case 21: tensors.emplace_back(key, t.reshape({-1})); return;
+    case 22: tensors.emplace_back(key, torch::full(t.sizes(), std::nan(""), torch::kFloat)); return;
+    case 23: tensors.emplace_back(key, t.to(torch::kBool)); return;
+    default: tensors.emplace_back(key, t); return;
   }
 }
 
@@ -124,15 +132,24 @@ bool small_and_valid(const model::ModelConfig& m) {
   return m.vocab_size <= 4096 && m.block_size <= 64 && m.n_layer <= 4 && m.n_embd <= 64;
 }
 
-// Builds a checkpoint file from the recipe.
+// `text` with every invalid UTF-8 sequence replaced by U+FFFD.
+std::string valid_utf8(const std::string& text) {
+  return Json::parse(Json(text).dump(-1, ' ', false, Json::error_handler_t::replace)).get<std::string>();
+}
+
+// Builds a checkpoint file (its bytes) from the recipe.
 std::string recipe_checkpoint(FuzzedDataProvider& fdp) {
-  OutputArchive a;
-  write_entry(fdp, a, "format_version", rare(fdp, 16) ? fdp.ConsumeIntegral<int64_t>()
-                                                                                       : train::kCheckpointFormatVersion);
-  write_entry(fdp, a, "iter", pick_int(fdp, 0, 1000));
-  write_entry(fdp, a, "best_val_loss", pick_double(fdp, 2.5));
-  write_entry(fdp, a, "config_yaml", fdp.ConsumeRandomLengthString(32));
-  write_entry(fdp, a, "eval_done", fdp.ConsumeBool());
+  Metadata meta;
+  Tensors tensors;
+  put(fdp, meta, "format", rare(fdp, 16) ? "nanogpt-cpp" : train::kCheckpointFormat);
+  put(fdp, meta, "format_version",
+      std::to_string(rare(fdp, 16) ? fdp.ConsumeIntegral<int64_t>() : train::kCheckpointFormatVersion));
+  put(fdp, meta, "iter", std::to_string(pick_int(fdp, 0, 1000)));
+  put(fdp, meta, "best_val_loss", Json(pick_double(fdp, 2.5)).dump());
+  put(fdp, meta, "config_yaml", fdp.ConsumeRandomLengthString(32));
+  put(fdp, meta, "eval_done", fdp.ConsumeBool() ? "true" : "false");
+  put(fdp, meta, "loss_scale", Json(pick_double(fdp, 1.0)).dump());
+  put(fdp, meta, "loss_scale_growth", std::to_string(pick_int(fdp, 0, 2000)));
 
   // Vocabulary: from text (valid), or raw bytes after a valid-looking prefix.
   const std::string text = fdp.ConsumeRandomLengthString(48);
@@ -145,21 +162,13 @@ std::string recipe_checkpoint(FuzzedDataProvider& fdp) {
   } catch (const std::exception&) {
     vocab_blob = "nanogpt-vocab/1 " + text;
   }
-  write_entry(fdp, a, "vocab", vocab_blob);
+  put(fdp, meta, "vocab", vocab_blob);
 
   const model::ModelConfig m = pick_model_config(fdp, vocab_size);
-  write_entry(fdp, a, "model_config.vocab_size", m.vocab_size);
-  write_entry(fdp, a, "model_config.block_size", m.block_size);
-  write_entry(fdp, a, "model_config.n_layer", m.n_layer);
-  write_entry(fdp, a, "model_config.n_head", m.n_head);
-  write_entry(fdp, a, "model_config.n_kv_head", m.n_kv_head);
-  write_entry(fdp, a, "model_config.n_embd", m.n_embd);
-  write_entry(fdp, a, "model_config.dropout", m.dropout);
-  write_entry(fdp, a, "model_config.bias", m.bias);
-  write_entry(fdp, a, "model_config.pos_encoding", m.pos_encoding);
-  write_entry(fdp, a, "model_config.rope_base", m.rope_base);
-  write_entry(fdp, a, "model_config.norm", m.norm);
-  write_entry(fdp, a, "model_config.attention", m.attention);
+  Json config = Json::parse(train::model_config_to_json(m));
+  for (auto& [key, value] : config.items()) value = pick_value(fdp, value);
+  for (auto it = config.begin(); it != config.end();) it = it->is_null() ? config.erase(it) : std::next(it);
+  put(fdp, meta, "model_config", config.dump(-1, ' ', false, Json::error_handler_t::replace));
 
   // Sampler and RNG state: the real thing, or damaged.
   std::mt19937_64 rng(fdp.ConsumeIntegral<uint64_t>());
@@ -169,40 +178,44 @@ std::string recipe_checkpoint(FuzzedDataProvider& fdp) {
   if (rare(fdp, 4))
     sampler_state = sampler_state.substr(0, fdp.ConsumeIntegralInRange<size_t>(0, sampler_state.size())) +
                     fdp.ConsumeRandomLengthString(8);
-  write_entry(fdp, a, "sampler_state", sampler_state);
+  put(fdp, meta, "sampler_state", sampler_state);
   const torch::Tensor rng_state = at::detail::getDefaultCPUGenerator().get_state();
-  write_tensor(fdp, a, "rng.cpu", rng_state);
-  if (rare(fdp, 8)) write_tensor(fdp, a, "rng.cuda", rng_state);
+  put_tensor(fdp, tensors, "rng.cpu", rng_state);
+  if (rare(fdp, 8)) put_tensor(fdp, tensors, "rng.cuda", rng_state);
 
   // Weights and optimizer state of a model built from the recipe's config (when it is a small,
   // valid one), each tensor possibly damaged; otherwise a couple of stray tensors.
-  if (!rare(fdp, 16)) {
-    OutputArchive weights, opt;
-    if (small_and_valid(m)) {
-      torch::manual_seed(0);
-      model::GPT gpt(m);
-      std::vector<std::pair<std::string, torch::Tensor>> params;
-      for (auto& item : gpt->named_parameters()) {
-        write_tensor(fdp, weights, item.key(), item.value().detach());
-        params.emplace_back(item.key(), item.value());
-      }
-      train::FlatAdamW optimizer(params, {});
-      if (!rare(fdp, 8)) {
-        optimizer.save(opt);
-      } else {
-        write_tensor(fdp, opt, "step", torch::zeros({fdp.ConsumeIntegralInRange<int64_t>(0, 2)}));
-        for (const char* name : {"exp_avg.decay", "exp_avg_sq.decay", "exp_avg.no_decay", "exp_avg_sq.no_decay"})
-          write_tensor(fdp, opt, name, torch::zeros({fdp.ConsumeIntegralInRange<int64_t>(0, 64)}));
-      }
-    } else {
-      weights.write("wte.weight", torch::zeros({2, 2}));
+  if (small_and_valid(m)) {
+    torch::manual_seed(0);
+    model::GPT gpt(m);
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+    for (auto& item : gpt->named_parameters()) {
+      put_tensor(fdp, tensors, "model." + item.key(), item.value().detach());
+      params.emplace_back(item.key(), item.value());
     }
-    if (!rare(fdp, 16)) a.write("model", weights);
-    if (!rare(fdp, 16)) a.write("optimizer", opt);
+    train::FlatAdamW optimizer(params, {});
+    for (const auto& [name, tensor] : optimizer.state())
+      put_tensor(fdp, tensors, "optimizer." + name,
+                 name == "step" && rare(fdp, 8) ? torch::tensor(fdp.ConsumeIntegral<int64_t>()) : tensor);
+  } else {
+    tensors.emplace_back("model.wte.weight", torch::zeros({2, 2}));
   }
-  std::ostringstream out;
-  a.save_to(out);
-  return out.str();
+  // Names must be distinct for the writer: a damaged recipe may repeat none, but keep the first.
+  Tensors distinct;
+  for (auto& [name, tensor] : tensors) {
+    bool seen = false;
+    for (const auto& d : distinct) seen = seen || d.first == name;
+    if (!seen) distinct.emplace_back(name, tensor);
+  }
+  for (auto& [key, value] : meta) value = valid_utf8(value);  // the writer wants UTF-8 metadata
+  const std::string path = fuzz::scratch_dir() + "/recipe.safetensors";
+  try {
+    train::write_safetensors(path, distinct, meta, "fuzz");
+  } catch (const std::runtime_error& e) {
+    finding(std::string("the recipe's file could not be written: ") + e.what());
+  }
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // What a resume does with a checkpoint: meta, then weights and optimizer into a model built from
@@ -264,7 +277,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider fdp(data + 1, size - 1);
     file = recipe_checkpoint(fdp);
   }
-  const std::string path = fuzz::write_scratch("ckpt.pt", file);
+  const std::string path = fuzz::write_scratch("ckpt.safetensors", file);
   sample_from(path);
   resume_from(path);
   return 0;

@@ -1,4 +1,4 @@
-// Fuzz target (c2): the safetensors reader (and the JSON parser under it).
+// Fuzz target (c2): the safetensors reader (and the nlohmann-json header parsing in it).
 //
 // Input: the file's bytes. Properties, beyond "no crash, no UB": read_safetensors throws a one-line
 // "[export] ..." error or returns tensors that write_safetensors writes back and read_safetensors

@@ -60,7 +60,7 @@ std::string tiny_checkpoint(const fs::path& dir, const model::ModelConfig& confi
   meta.sampler_state = sampler.str();
   meta.torch_rng_state = at::detail::getDefaultCPUGenerator().get_state();
   meta.eval_done = true;
-  const fs::path path = dir / "ckpt.pt";
+  const fs::path path = dir / "ckpt.safetensors";
   train::save_checkpoint(path.string(), gpt, optimizer, meta);
   std::string bytes = slurp(path);
   fs::remove(path);
