@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 #include "data/utf8.h"
 #include "data/vocab.h"
-#include "model/backend.h"
+#include "runtime/device.h"
 #include "train/checkpoint.h"
 #include "viz/attention_csv.h"
 #include "viz/attention_plot.h"
@@ -74,13 +74,13 @@ void add_attention_command(CLI::App& app) {
   cmd->callback([opts] {
     const std::string source = opts->ckpt.empty() ? opts->out_dir : opts->ckpt;
     const std::string ckpt_path = train::resolve_checkpoint(source);
-    const torch::Device device = model::backend::resolve_device(opts->device);
+    const torch::Device device = runtime::resolve_device(opts->device);
     train::LoadedModel loaded = train::load_model(ckpt_path, device);
     const model::ModelConfig& config = loaded.model->config();
     const std::vector<int64_t> layers = select_layers(opts->layer, config.n_layer);
 
     const bool from_file = opts->start.rfind("FILE:", 0) == 0;
-    const std::string prompt = from_file ? data::read_file(opts->start.substr(5), "attention") : opts->start;
+    const std::string prompt = from_file ? io::read_file(opts->start.substr(5), "attention") : opts->start;
     std::u32string skipped;
     const auto policy = opts->skip_unknown ? data::UnknownChars::Skip : data::UnknownChars::Error;
     std::vector<int64_t> ids = loaded.vocab.encode(prompt, policy, &skipped);

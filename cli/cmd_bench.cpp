@@ -4,7 +4,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 #include "train/bench.h"
 #include "train/config.h"
 
@@ -33,7 +33,7 @@ void add_bench_command(CLI::App& app) {
     config.validate();
     const auto report = train::run_bench(config, *options);
     std::fputs(report.table().c_str(), stdout);
-    if (!json_path->empty()) data::write_bytes_atomically(*json_path, report.json(), "bench");
+    if (!json_path->empty()) io::write_bytes_atomically(*json_path, report.json(), "bench");
   });
 }
 

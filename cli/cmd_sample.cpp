@@ -6,9 +6,9 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 #include "data/utf8.h"
-#include "model/backend.h"
+#include "runtime/device.h"
 #include "model/generate.h"
 #include "train/checkpoint.h"
 
@@ -46,7 +46,7 @@ void check(const SampleArgs& a) {
 
 std::vector<int64_t> encode_prompt(const SampleArgs& a, const data::Vocab& vocab) {
   std::string text = a.start;
-  if (text.rfind("FILE:", 0) == 0) text = data::read_file(text.substr(5), "sample");
+  if (text.rfind("FILE:", 0) == 0) text = io::read_file(text.substr(5), "sample");
   std::vector<int64_t> ids;
   if (a.skip_unknown) {
     std::u32string skipped;
@@ -87,8 +87,8 @@ struct SampleText {
 
 void run_sample(const SampleArgs& a) {
   check(a);
-  model::backend::set_threads(a.num_threads);
-  const auto device = model::backend::resolve_device(a.device);
+  runtime::set_threads(a.num_threads);
+  const auto device = runtime::resolve_device(a.device);
   auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
   const auto prompt = encode_prompt(a, loaded.vocab);
   const std::string prompt_text = loaded.vocab.decode(prompt);

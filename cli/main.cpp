@@ -4,7 +4,7 @@
 #include <exception>
 
 #include "cli/commands.h"
-#include "model/host_memory.h"
+#include "runtime/host_memory.h"
 
 namespace nanogpt::cli {
 int& exit_status() {
@@ -15,7 +15,7 @@ int& exit_status() {
 
 int main(int argc, char** argv) {
   using namespace nanogpt::cli;
-  nanogpt::model::retain_freed_memory();  // before any tensor: large activations are reused, not re-faulted
+  nanogpt::runtime::retain_freed_memory();  // before any tensor: large activations are reused, not re-faulted
   CLI::App app{"nanogpt: train and sample character-level GPTs (nanoGPT, natively)"};
   app.require_subcommand(1);
   add_prepare_command(app);

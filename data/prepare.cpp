@@ -21,7 +21,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 #include "data/token_file.h"
 #include "data/utf8.h"
 
@@ -108,7 +108,7 @@ std::string read_input(const std::string& path) {
     throw std::runtime_error("[data] input '" + path + "' is a directory, not a text file (pass a UTF-8 text file, "
                              "e.g. data/shakespeare_char/input.txt)");
   }
-  std::string bytes = read_file(path);
+  std::string bytes = io::read_file(path);
   if (bytes.empty()) throw std::runtime_error("[data] input file '" + path + "' is empty (it must hold UTF-8 text)");
   return bytes;
 }
@@ -180,7 +180,7 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
   fs::remove(join(options.out_dir, "meta.bin"), ec);
   write_token_file(join(options.out_dir, "train.bin"), ids, meta.vocab.size());
   write_token_file(join(options.out_dir, "val.bin"), val, meta.vocab.size());
-  write_bytes_atomically(join(options.out_dir, "meta.bin"), serialize_meta(meta));
+  io::write_bytes_atomically(join(options.out_dir, "meta.bin"), serialize_meta(meta));
   return meta;
 }
 
@@ -193,7 +193,7 @@ std::string summary_line(const DatasetMeta& meta) {
 
 DatasetMeta read_meta(const std::string& out_dir) {
   const std::string path = join(out_dir, "meta.bin");
-  const std::string bytes = read_file(path);
+  const std::string bytes = io::read_file(path);
   const auto bad = [&](const std::string& what) {
     return std::runtime_error("[data] '" + path + "': " + what + " (re-run `nanogpt prepare` to rebuild it)");
   };
@@ -248,7 +248,7 @@ bool is_prepared(const std::string& input, const std::string& out_dir, double va
   const auto input_size = fs::file_size(input, ec);
   if (ec || input_size != meta.input_bytes) return false;  // cheap test before hashing
   try {
-    return fnv1a64(read_file(input)) == meta.input_hash;
+    return fnv1a64(io::read_file(input)) == meta.input_hash;
   } catch (const std::exception&) {
     return false;
   }

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 
 namespace nanogpt::data {
 namespace {
@@ -50,11 +50,11 @@ void write_token_file(const std::string& path, const std::vector<int64_t>& token
     }
     put_le(bytes, static_cast<uint64_t>(tokens[i]), width);
   }
-  write_bytes_atomically(path, bytes);
+  io::write_bytes_atomically(path, bytes);
 }
 
 torch::Tensor read_token_file(const std::string& path) {
-  const std::string bytes = read_file(path);
+  const std::string bytes = io::read_file(path);
   if (bytes.empty()) bad_file(path, "the file is empty, not a token file");
   if (bytes.size() < kHeaderBytes) {
     bad_file(path, "the file has " + std::to_string(bytes.size()) + " bytes, shorter than the " +

@@ -3,12 +3,29 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
-#include "model/backend.h"
-#include "model/decode_attention.h"
-#include "model/linear.h"
+#include "model/fast/decode_attention.h"
+#include "model/fast/linear.h"
 
 namespace nanogpt::model {
+namespace {
+
+// softmax(q kᵀ / √hs + mask) v through LibTorch's scaled_dot_product_attention, which picks a fused
+// (flash / memory-efficient) kernel on the CPU and on CUDA where the inputs allow. q (B, nh, Tq, hs),
+// k and v (B, nkv, Tk, hs): grouped-query heads are shared inside the kernel, not copied. `mask` is
+// undefined (every key visible) or bool (Tq, Tk), true = masked out; `is_causal` uses the kernel's
+// own mask (only when Tq == Tk).
+torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& mask, bool is_causal, double dropout_p) {
+  std::optional<at::Tensor> attend;
+  if (mask.defined()) attend = mask.logical_not();  // SDPA's bool mask: true = attend
+  const bool grouped = q.size(1) != k.size(1);
+  return at::scaled_dot_product_attention(q, k, v, attend, dropout_p, is_causal, /*scale=*/std::nullopt,
+                                          /*enable_gqa=*/grouped);
+}
+
+}  // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config)
     : n_head_(config.n_head),
@@ -138,7 +155,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
     const int64_t Tk = k.size(2);
     const bool plain_causal = T == Tk;  // no cached prefix: the kernel's own causal mask fits
     auto mask = (plain_causal || T == 1) ? torch::Tensor() : causal_mask(ctx.start_pos, T, Tk, x.device());
-    y = backend::sdpa(q, k, v, mask, plain_causal && T > 1, is_training() ? dropout_ : 0.0);  // (B, nh, T, hs)
+    y = fused_attention(q, k, v, mask, plain_causal && T > 1, is_training() ? dropout_ : 0.0);  // (B, nh, T, hs)
   } else {
     if (n_kv_head_ != n_head_) {  // each kv head serves n_head / n_kv_head consecutive query heads
       k = k.repeat_interleave(n_head_ / n_kv_head_, 1);  // (B, nh, Tk, hs)

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "model/config.h"
-#include "model/dropout.h"
+#include "model/fast/dropout.h"
 #include "model/positions.h"
 
 namespace nanogpt::model {

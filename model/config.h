@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace nanogpt::model {
@@ -29,5 +30,11 @@ struct ModelConfig {
   /// Throws std::invalid_argument "[model] n_embd (384) must be divisible by n_head (5)" etc.
   void validate() const;
 };
+
+/// The one JSON mapping of the architecture (checkpoints and exports): every field, by its name.
+nlohmann::ordered_json to_json(const ModelConfig& config);
+/// The reverse; throws std::invalid_argument "[model] model config lacks 'n_head'" (or names a
+/// field of the wrong type). Does not validate: call validate().
+ModelConfig model_config_from_json(const nlohmann::ordered_json& json);
 
 }  // namespace nanogpt::model

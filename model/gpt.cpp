@@ -1,7 +1,7 @@
 // GPT (see gpt.h): embeddings -> blocks -> ln_f -> tied head.
 #include "model/gpt.h"
 
-#include "model/linear.h"
+#include "model/fast/linear.h"
 
 #include <cmath>
 #include <stdexcept>

@@ -9,7 +9,7 @@
 
 #include "model/block.h"
 #include "model/config.h"
-#include "model/dropout.h"
+#include "model/fast/dropout.h"
 #include "model/kv_cache.h"
 #include "model/norm.h"
 #include "model/positions.h"

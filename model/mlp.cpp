@@ -1,7 +1,7 @@
 // MLP (see mlp.h).
 #include "model/mlp.h"
 
-#include "model/linear.h"
+#include "model/fast/linear.h"
 
 namespace nanogpt::model {
 

@@ -4,7 +4,7 @@
 #include <torch/torch.h>
 
 #include "model/config.h"
-#include "model/dropout.h"
+#include "model/fast/dropout.h"
 
 namespace nanogpt::model {
 

@@ -71,7 +71,7 @@ build/nanogpt train configs/shakespeare_char.yaml --device=cpu --out_dir="$work/
 read -r ours_full _ < <(median ours "$work/ours_full.log" 1)
 t500=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=500 --num_threads="$threads")
 t1=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")
-rows+=("nanogpt-cpp (bf16) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(tok_per_s "$t500" "$t1")")
+rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(tok_per_s "$t500" "$t1")")
 
 for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   read -r -a cmd <<<"${runner[$name]}"

@@ -55,7 +55,7 @@ TEST(Config, DefaultsAreNanoGPTsAndValid) {
   const TrainConfig c;
   EXPECT_NO_THROW(c.validate());
   EXPECT_EQ(c.batch_size, 12);
-  EXPECT_EQ(c.block_size, 1024);
+  EXPECT_EQ(c.model.block_size, 1024);
   EXPECT_DOUBLE_EQ(c.learning_rate, 6e-4);
   EXPECT_DOUBLE_EQ(c.min_lr, 6e-5);
   EXPECT_EQ(c.max_iters, 600000);
@@ -92,11 +92,11 @@ TEST(Config, GpuShakespearePresetMatchesNanoGPT) {
   EXPECT_EQ(c.dataset, "data/shakespeare_char");
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
   EXPECT_EQ(c.batch_size, 64);
-  EXPECT_EQ(c.block_size, 256);
-  EXPECT_EQ(c.n_layer, 6);
-  EXPECT_EQ(c.n_head, 6);
-  EXPECT_EQ(c.n_embd, 384);
-  EXPECT_DOUBLE_EQ(c.dropout, 0.2);
+  EXPECT_EQ(c.model.block_size, 256);
+  EXPECT_EQ(c.model.n_layer, 6);
+  EXPECT_EQ(c.model.n_head, 6);
+  EXPECT_EQ(c.model.n_embd, 384);
+  EXPECT_DOUBLE_EQ(c.model.dropout, 0.2);
   EXPECT_DOUBLE_EQ(c.learning_rate, 1e-3);
   EXPECT_EQ(c.max_iters, 5000);
   EXPECT_EQ(c.lr_decay_iters, 5000);
@@ -113,15 +113,15 @@ TEST(Config, CpuShakespearePresetMatchesNanoGPTReadme) {
   EXPECT_EQ(c.eval_iters, 20);
   EXPECT_EQ(c.log_interval, 1);
   EXPECT_EQ(c.eval_interval, 250);
-  EXPECT_EQ(c.block_size, 64);
+  EXPECT_EQ(c.model.block_size, 64);
   EXPECT_EQ(c.batch_size, 12);
-  EXPECT_EQ(c.n_layer, 4);
-  EXPECT_EQ(c.n_head, 4);
-  EXPECT_EQ(c.n_embd, 128);
+  EXPECT_EQ(c.model.n_layer, 4);
+  EXPECT_EQ(c.model.n_head, 4);
+  EXPECT_EQ(c.model.n_embd, 128);
   EXPECT_EQ(c.max_iters, 2000);
   EXPECT_EQ(c.lr_decay_iters, 2000);
-  EXPECT_DOUBLE_EQ(c.dropout, 0.0);
-  EXPECT_EQ(c.pos_encoding, "rope");
+  EXPECT_DOUBLE_EQ(c.model.dropout, 0.0);
+  EXPECT_EQ(c.model.pos_encoding, "rope");
   EXPECT_EQ(c.dtype, "auto");
   EXPECT_DOUBLE_EQ(c.learning_rate, 1e-3);
   EXPECT_DOUBLE_EQ(c.min_lr, 1e-4);
@@ -134,7 +134,7 @@ TEST(Config, TangPresetsReadTangPoems) {
   EXPECT_EQ(cpu.dataset, "data/tang_poems");
   EXPECT_EQ(cpu.device, "cpu");
   EXPECT_NE(gpu.out_dir, cpu.out_dir);
-  EXPECT_LE(cpu.n_embd, gpu.n_embd);
+  EXPECT_LE(cpu.model.n_embd, gpu.model.n_embd);
 }
 
 TEST(Config, OverridesSetEveryType) {
@@ -145,12 +145,12 @@ TEST(Config, OverridesSetEveryType) {
   EXPECT_DOUBLE_EQ(c.learning_rate, 1e-3);
   EXPECT_DOUBLE_EQ(c.beta2, 6e-4);
   EXPECT_DOUBLE_EQ(c.grad_clip, 2.0);
-  EXPECT_TRUE(c.bias);
+  EXPECT_TRUE(c.model.bias);
   EXPECT_FALSE(c.decay_lr);
   EXPECT_EQ(c.device, "cuda:1");
   EXPECT_EQ(c.out_dir, "runs/a b");
   apply_overrides(c, {"--bias=false", "--decay_lr=true", "--max_iters=+7", "--seed=-1"});
-  EXPECT_FALSE(c.bias);
+  EXPECT_FALSE(c.model.bias);
   EXPECT_TRUE(c.decay_lr);
   EXPECT_EQ(c.max_iters, 7);
   EXPECT_EQ(c.seed, -1);
@@ -159,7 +159,7 @@ TEST(Config, OverridesSetEveryType) {
 TEST(Config, LaterOverridesWin) {
   TrainConfig c;
   apply_overrides(c, {"--n_layer=2", "--n_layer=3"});
-  EXPECT_EQ(c.n_layer, 3);
+  EXPECT_EQ(c.model.n_layer, 3);
 }
 
 TEST(Config, MalformedOverridesNameTheArgument) {
@@ -220,8 +220,8 @@ TEST(Config, FloatsAcceptExponentsAndIntegers) {
   EXPECT_DOUBLE_EQ(c.learning_rate, 6e-4);
   EXPECT_DOUBLE_EQ(c.min_lr, 1e-5);
   EXPECT_DOUBLE_EQ(c.weight_decay, 0.0);
-  EXPECT_DOUBLE_EQ(c.rope_base, 500000.0);
-  EXPECT_TRUE(parse_config("bias: True\ndecay_lr: FALSE\n").bias);
+  EXPECT_DOUBLE_EQ(c.model.rope_base, 500000.0);
+  EXPECT_TRUE(parse_config("bias: True\ndecay_lr: FALSE\n").model.bias);
 }
 
 TEST(Config, NonMappingDocumentsAreErrors) {
@@ -340,13 +340,13 @@ TEST(Config, ToYamlRoundTripsExactly) {
   TrainConfig c;
   c.learning_rate = 3e-4;
   c.min_lr = 0.1 + 0.2;
-  c.dropout = 1.0 / 3.0;
-  c.rope_base = 500000.0;
+  c.model.dropout = 1.0 / 3.0;
+  c.model.rope_base = 500000.0;
   c.weight_decay = 5e-324;  // smallest subnormal
   c.beta2 = std::nextafter(0.99, 1.0);
   c.max_iters = 9007199254740993;  // not representable as a double
   c.seed = -42;
-  c.bias = true;
+  c.model.bias = true;
   c.eval_only = true;
   c.out_dir = "runs/a b: #1 \"quoted\" \\ 诗";
   c.dataset = "null";
@@ -355,12 +355,12 @@ TEST(Config, ToYamlRoundTripsExactly) {
   EXPECT_EQ(to_yaml(back), to_yaml(c));
   EXPECT_TRUE(same_bits(back.learning_rate, c.learning_rate));
   EXPECT_TRUE(same_bits(back.min_lr, c.min_lr));
-  EXPECT_TRUE(same_bits(back.dropout, c.dropout));
+  EXPECT_TRUE(same_bits(back.model.dropout, c.model.dropout));
   EXPECT_TRUE(same_bits(back.weight_decay, c.weight_decay));
   EXPECT_TRUE(same_bits(back.beta2, c.beta2));
   EXPECT_EQ(back.max_iters, c.max_iters);
   EXPECT_EQ(back.seed, c.seed);
-  EXPECT_TRUE(back.bias);
+  EXPECT_TRUE(back.model.bias);
   EXPECT_TRUE(back.eval_only);
   EXPECT_EQ(back.out_dir, c.out_dir);
   EXPECT_EQ(back.dataset, "null");
@@ -413,8 +413,7 @@ TEST(Config, ModelConfigMapsArchitectureFields) {
   apply_overrides(c, {"--block_size=64", "--n_layer=3", "--n_head=4", "--n_kv_head=2", "--n_embd=96",
                       "--dropout=0.25", "--bias=true", "--pos_encoding=sinusoidal", "--rope_base=500",
                       "--norm=rmsnorm", "--attention=math"});
-  const nanogpt::model::ModelConfig m = c.model_config(7443);
-  EXPECT_EQ(m.vocab_size, 7443);
+  const nanogpt::model::ModelConfig& m = c.model;  // the keys land in the nested model config
   EXPECT_EQ(m.block_size, 64);
   EXPECT_EQ(m.n_layer, 3);
   EXPECT_EQ(m.n_head, 4);
@@ -443,21 +442,17 @@ TEST(Config, SetArchitectureCopiesArchitectureButKeepsDropout) {
   m.norm = "rmsnorm";
   m.attention = "math";
   TrainConfig c;
-  c.dropout = 0.1;
+  c.model.dropout = 0.1;
   c.set_architecture(m);
-  EXPECT_EQ(c.block_size, 32);
-  EXPECT_EQ(c.n_layer, 2);
-  EXPECT_EQ(c.n_head, 2);
-  EXPECT_EQ(c.n_kv_head, 1);
-  EXPECT_EQ(c.n_embd, 64);
-  EXPECT_TRUE(c.bias);
-  EXPECT_EQ(c.pos_encoding, "learned");
-  EXPECT_DOUBLE_EQ(c.rope_base, 1234.0);
-  EXPECT_EQ(c.norm, "rmsnorm");
-  EXPECT_EQ(c.attention, "math");
-  EXPECT_DOUBLE_EQ(c.dropout, 0.1);
-  // Round trip: the mapped architecture equals the checkpoint's, apart from dropout.
-  const auto back = c.model_config(m.vocab_size);
-  EXPECT_EQ(back.n_embd, m.n_embd);
-  EXPECT_EQ(back.pos_encoding, m.pos_encoding);
+  EXPECT_EQ(c.model.block_size, 32);
+  EXPECT_EQ(c.model.n_layer, 2);
+  EXPECT_EQ(c.model.n_head, 2);
+  EXPECT_EQ(c.model.n_kv_head, 1);
+  EXPECT_EQ(c.model.n_embd, 64);
+  EXPECT_TRUE(c.model.bias);
+  EXPECT_EQ(c.model.pos_encoding, "learned");
+  EXPECT_DOUBLE_EQ(c.model.rope_base, 1234.0);
+  EXPECT_EQ(c.model.norm, "rmsnorm");
+  EXPECT_EQ(c.model.attention, "math");
+  EXPECT_DOUBLE_EQ(c.model.dropout, 0.1);
 }

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "model/backend.h"
+#include "runtime/device.h"
 #include "model/gpt.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -16,11 +16,11 @@ using namespace nanogpt;
 using namespace nanogpt::testing;
 
 #define REQUIRE_GPU() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine (LibTorch " << model::backend::torch_version() << ")"
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine (LibTorch " << runtime::torch_version() << ")"
 
 TEST(Cuda, AutoPicksTheGpu) {
   REQUIRE_GPU();
-  EXPECT_TRUE(model::backend::resolve_device("auto").is_cuda());
+  EXPECT_TRUE(runtime::resolve_device("auto").is_cuda());
 }
 
 TEST(Cuda, SdpaMatchesMathOnTheGpu) {
@@ -49,7 +49,7 @@ TEST(Cuda, SdpaMatchesMathOnTheGpu) {
     for (bool bf16 : {false, true}) {
       torch::Tensor a, b;
       {
-        model::backend::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, bf16);
+        runtime::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, bf16);
         a = math_model->logits(idx).to(torch::kFloat);
         b = sdpa_model->logits(idx).to(torch::kFloat);
       }
@@ -83,9 +83,9 @@ TEST(Cuda, OutOfMemoryIsOneLineNamingTheSizes) {
   TempDir dir("cuda_oom");
   auto c = tiny_config(dir.path, 400000);
   c.device = "cuda";
-  c.n_embd = 1024;
-  c.n_head = 8;
-  c.block_size = 1024;
+  c.model.n_embd = 1024;
+  c.model.n_head = 8;
+  c.model.block_size = 1024;
   c.batch_size = 1 << 14;  // (B, T, 4C) activations of 256 GiB
   c.max_iters = 1;
   try {

@@ -10,13 +10,14 @@
 #include <set>
 #include <stdexcept>
 
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "data/utf8.h"
 #include "test_files.h"
 
 using namespace nanogpt::data;
+using namespace nanogpt::io;
 namespace fs = std::filesystem;
 
 namespace {

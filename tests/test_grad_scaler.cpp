@@ -86,9 +86,10 @@ TEST(GradScaler, RestoreRejectsNonsense) {
 TEST(GradScaler, OverflowingStepIsSkippedAndTheScaleBacksOff) {
   TempDir dir("fp16_skip");
   auto c = tiny_config(dir.path);
-  c.dropout = 0.0;
+  c.model.dropout = 0.0;
   torch::manual_seed(0);
-  model::GPT model(c.model_config(65));
+  c.model.vocab_size = 65;
+  model::GPT model(c.model);
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
   train::FlatAdamW optimizer(named, {});

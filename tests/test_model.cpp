@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "model/attention.h"
-#include "model/backend.h"
+#include "runtime/device.h"
 #include "model/generate.h"
 #include "model/gpt.h"
 #include "model/positions.h"
@@ -123,7 +123,7 @@ TEST(Attention, SdpaMatchesMathOutputsAndGradients) {
       model->zero_grad();
       torch::Tensor logits;
       {
-        backend::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, c.bf16);
+        nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, c.bf16);
         logits = model->logits(idx);  // (B, T, V)
       }
       (logits.to(torch::kFloat).pow(2).mean()).backward();  // a loss that weighs every logit
@@ -302,7 +302,7 @@ TEST(GPT, FlopsPerTokenFollowsNanoGPT) {
   EXPECT_DOUBLE_EQ(model->flops_per_token(), 6 * N + 12.0 * 2 * 4 * 4 * 8);
 }
 
-// Decoding one token at a time runs model/decode_attention.cpp on the CPU; prompts (several new
+// Decoding one token at a time runs model/fast/decode_attention.cpp on the CPU; prompts (several new
 // tokens) run the general path: both must give the full forward's logits, with GQA too.
 TEST(GPT, KVCacheLogitsEqualFullForwardOverTwoBlocks) {
   for (const std::string pos : {"rope", "learned", "sinusoidal", "rope+gqa"}) {
@@ -352,6 +352,36 @@ TEST(GPT, TinyModelOverfitsOneBatch) {
   EXPECT_LT(loss, 0.1);
 }
 
+// One JSON mapping (checkpoints and exports): every field survives, a missing one is named.
+TEST(ModelConfig, JsonRoundTripKeepsEveryField) {
+  ModelConfig m;
+  m.vocab_size = 7443;
+  m.block_size = 48;
+  m.n_layer = 3;
+  m.n_head = 6;
+  m.n_kv_head = 2;
+  m.n_embd = 96;
+  m.dropout = 0.1;
+  m.bias = true;
+  m.pos_encoding = "sinusoidal";
+  m.rope_base = 500000.0;
+  m.norm = "rmsnorm";
+  m.attention = "math";
+  const auto back = model_config_from_json(nlohmann::ordered_json::parse(to_json(m).dump()));
+  EXPECT_EQ(to_json(back), to_json(m));
+  EXPECT_EQ(back.dropout, 0.1);  // bit for bit
+  EXPECT_EQ(back.n_kv_head, 2);
+  EXPECT_EQ(back.attention, "math");
+  auto missing = to_json(m);
+  missing.erase("n_head");
+  try {
+    model_config_from_json(missing);
+    ADD_FAILURE() << "no error for a missing field";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("lacks 'n_head'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ModelConfig, RejectsImpossibleCombinationsNamingValues) {
   auto expect_error = [](ModelConfig c, const std::string& needle) {
     try {
@@ -370,13 +400,13 @@ TEST(ModelConfig, RejectsImpossibleCombinationsNamingValues) {
   c = tiny();
   c.n_embd = 12;
   c.n_head = 4;  // head size 3
-  expect_error(c, "RoPE needs an even head size");
+  expect_error(c, "n_embd / n_head (3) must be even with pos_encoding rope");
   c = tiny();
   c.pos_encoding = "alibi";
   expect_error(c, "alibi");
   c = tiny();
   c.attention = "flash";
-  expect_error(c, "attention 'flash' is not one of math | sdpa | auto");
+  expect_error(c, "attention (flash) must be math, sdpa or auto");
 }
 
 TEST(Dropout, DropsAboutPScalesTheRestAndIsSeeded) {

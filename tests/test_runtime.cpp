@@ -11,8 +11,8 @@
 #include <string>
 #include <thread>
 
-#include "model/backend.h"
-#include "model/dropout.h"
+#include "runtime/device.h"
+#include "model/fast/dropout.h"
 
 namespace {
 
@@ -62,9 +62,9 @@ TEST(Runtime, OurParallelLoopsUseSeveralThreads) {
 
 TEST(Runtime, AutoDeviceIsTheCpuWithoutAGpuAndCudaIsAClearError) {
   if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA GPU is present (tests/test_cuda.cpp covers it)";
-  EXPECT_EQ(nanogpt::model::backend::resolve_device("auto"), torch::Device(torch::kCPU));
+  EXPECT_EQ(nanogpt::runtime::resolve_device("auto"), torch::Device(torch::kCPU));
   try {
-    nanogpt::model::backend::resolve_device("cuda");
+    nanogpt::runtime::resolve_device("cuda");
     FAIL() << "no error for --device=cuda without a GPU";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("no CUDA GPU is available"), std::string::npos) << e.what();
@@ -77,13 +77,13 @@ TEST(Runtime, AllocationFailuresAreRecognisedAsOutOfMemory) {
     auto huge = torch::empty({int64_t{1} << 45}, torch::kByte);  // 32 TiB
     FAIL() << "a 32 TiB allocation succeeded";
   } catch (const std::exception& e) {
-    EXPECT_TRUE(nanogpt::model::backend::is_out_of_memory(e)) << e.what();
+    EXPECT_TRUE(nanogpt::runtime::is_out_of_memory(e)) << e.what();
   }
   try {
     auto bad = torch::ones({2, 3}).matmul(torch::ones({2, 3}));
     FAIL() << "a shape mismatch went through";
   } catch (const std::exception& e) {
-    EXPECT_FALSE(nanogpt::model::backend::is_out_of_memory(e)) << e.what();
+    EXPECT_FALSE(nanogpt::runtime::is_out_of_memory(e)) << e.what();
   }
 }
 
@@ -93,8 +93,8 @@ TEST(Runtime, DtypeAutoFollowsTheCpusBf16Support) {
   std::getline(cpuinfo, flags, '\0');
   // An independent reading of the same fact: the kernel's CPU flags.
   const bool bf16 = flags.find(" avx512_bf16") != std::string::npos || flags.find(" amx_bf16") != std::string::npos;
-  EXPECT_EQ(nanogpt::model::backend::has_fast_bf16(torch::kCPU), bf16);
-  EXPECT_EQ(nanogpt::model::backend::resolve_dtype("auto", torch::kCPU), bf16 ? "bfloat16" : "float32");
+  EXPECT_EQ(nanogpt::runtime::has_fast_bf16(torch::kCPU), bf16);
+  EXPECT_EQ(nanogpt::runtime::resolve_dtype("auto", torch::kCPU), bf16 ? "bfloat16" : "float32");
   for (const char* explicit_dtype : {"float32", "bfloat16", "float16"})
-    EXPECT_EQ(nanogpt::model::backend::resolve_dtype(explicit_dtype, torch::kCPU), explicit_dtype);
+    EXPECT_EQ(nanogpt::runtime::resolve_dtype(explicit_dtype, torch::kCPU), explicit_dtype);
 }

@@ -18,7 +18,7 @@
 #include "model/gpt.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 #include "test_files.h"
 
 namespace fs = std::filesystem;
@@ -88,8 +88,8 @@ std::vector<std::pair<std::string, torch::Tensor>> sample_tensors() {
 TEST(SafeTensors, RoundTripIsBitExact) {
   ScratchDir dir;
   const auto tensors = sample_tensors();
-  train::write_safetensors(dir / "t.safetensors", tensors, {{"k", "v"}});
-  const auto back = train::read_safetensors(dir / "t.safetensors");
+  io::write_safetensors(dir / "t.safetensors", tensors, {{"k", "v"}});
+  const auto back = io::read_safetensors(dir / "t.safetensors");
   ASSERT_EQ(back.tensors.size(), tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     EXPECT_EQ(back.tensors[i].first, tensors[i].first);
@@ -111,11 +111,11 @@ TEST(SafeTensors, MetadataRoundTripsAnyUtf8AndEscapes) {
       {"empty", ""},
       {"json", R"({"n_layer": 6, "list": ["a", "\u00e9"]})"},
   };
-  train::write_safetensors(dir / "m.safetensors", {{"x", torch::ones({2})}}, metadata);
-  EXPECT_EQ(train::read_safetensors(dir / "m.safetensors").metadata, metadata);
+  io::write_safetensors(dir / "m.safetensors", {{"x", torch::ones({2})}}, metadata);
+  EXPECT_EQ(io::read_safetensors(dir / "m.safetensors").metadata, metadata);
   // No tensors and no metadata is a valid (tiny) file too.
-  train::write_safetensors(dir / "none.safetensors", {}, {});
-  const auto none = train::read_safetensors(dir / "none.safetensors");
+  io::write_safetensors(dir / "none.safetensors", {}, {});
+  const auto none = io::read_safetensors(dir / "none.safetensors");
   EXPECT_TRUE(none.tensors.empty());
   EXPECT_TRUE(none.metadata.empty());
 }
@@ -124,7 +124,7 @@ TEST(SafeTensors, HeaderIsAlignedJsonWithContiguousOffsets) {
   ScratchDir dir;
   const auto tensors = sample_tensors();
   const std::string path = dir / "h.safetensors";
-  train::write_safetensors(path, tensors, {{"format", "test"}});
+  io::write_safetensors(path, tensors, {{"format", "test"}});
   const std::string bytes = slurp(path);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
@@ -162,13 +162,13 @@ TEST(SafeTensors, CorruptFilesThrowWithTheReason) {
   const std::string f32x2 = std::string(8, '\0');  // two float zeros
   auto expect_error = [&](const std::string& bytes, const std::string& needle) {
     spit(path, bytes);
-    const std::string message = error_of([&] { train::read_safetensors(path); });
+    const std::string message = error_of([&] { io::read_safetensors(path); });
     EXPECT_NE(message.find("[export] '" + path + "'"), std::string::npos) << message;
     EXPECT_NE(message.find(needle), std::string::npos) << "wanted '" << needle << "' in: " << message;
   };
   const std::string good = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   spit(path, craft(good, f32x2));
-  ASSERT_NO_THROW(train::read_safetensors(path));
+  ASSERT_NO_THROW(io::read_safetensors(path));
 
   expect_error("", "too short");
   expect_error("\x10\0\0", "too short");
@@ -200,17 +200,17 @@ TEST(SafeTensors, CorruptFilesThrowWithTheReason) {
   expect_error(craft(R"({"__metadata__":[]})", ""), "not an object");
   expect_error(craft(R"({"b":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})", "\x01\x02"), "BOOL");
   const std::string missing = dir / "missing.safetensors";
-  EXPECT_NE(error_of([&] { train::read_safetensors(missing); }).find("[export] cannot read"), std::string::npos);
+  EXPECT_NE(error_of([&] { io::read_safetensors(missing); }).find("[export] cannot read"), std::string::npos);
 }
 
 TEST(SafeTensors, EveryTruncationOfAValidFileThrows) {
   ScratchDir dir;
   const std::string path = dir / "full.safetensors";
-  train::write_safetensors(path, {{"w", torch::randn({3, 2})}, {"b", torch::tensor({true, false})}}, {{"k", "v"}});
+  io::write_safetensors(path, {{"w", torch::randn({3, 2})}, {"b", torch::tensor({true, false})}}, {{"k", "v"}});
   const std::string bytes = slurp(path);
   for (size_t len = 0; len < bytes.size(); ++len) {
     spit(path, bytes.substr(0, len));
-    EXPECT_THROW(train::read_safetensors(path), std::runtime_error) << "prefix of " << len << " bytes";
+    EXPECT_THROW(io::read_safetensors(path), std::runtime_error) << "prefix of " << len << " bytes";
   }
 }
 
@@ -219,7 +219,7 @@ TEST(SafeTensors, WriterRejectsBadInputAndLeavesTheTargetAlone) {
   const std::string path = dir / "w.safetensors";
   auto expect_error = [&](const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                           const std::map<std::string, std::string>& metadata, const std::string& needle) {
-    const std::string message = error_of([&] { train::write_safetensors(path, tensors, metadata); });
+    const std::string message = error_of([&] { io::write_safetensors(path, tensors, metadata); });
     EXPECT_NE(message.find("[export] cannot write '" + path + "'"), std::string::npos) << message;
     EXPECT_NE(message.find(needle), std::string::npos) << "wanted '" << needle << "' in: " << message;
     EXPECT_FALSE(fs::exists(path));
@@ -232,7 +232,7 @@ TEST(SafeTensors, WriterRejectsBadInputAndLeavesTheTargetAlone) {
   expect_error({{"u", torch::Tensor()}}, {}, "undefined");
   expect_error({{"x", x}}, {{"bad", "\xc3"}}, "UTF-8");
   const std::string nowhere = dir / "no/such/dir/w.safetensors";
-  EXPECT_NE(error_of([&] { train::write_safetensors(nowhere, {{"x", x}}, {}); }).find("[export] cannot write"),
+  EXPECT_NE(error_of([&] { io::write_safetensors(nowhere, {{"x", x}}, {}); }).find("[export] cannot write"),
             std::string::npos);
 }
 
@@ -244,7 +244,7 @@ TEST(SafeTensorsJson, HeaderEscapesAndSurrogatePairsAreDecoded) {
   spit(path, craft(R"({"__metadata__":{"s":"a\"b\\c\/d\b\f\n\r\t\u00e9\u4e2d\ud83d\ude42"},)"
                    R"("w\u00e9":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
                    std::string(4, '\0')));
-  const auto st = train::read_safetensors(path);
+  const auto st = io::read_safetensors(path);
   EXPECT_EQ(st.metadata.at("s"), "a\"b\\c/d\b\f\n\r\té中🙂");
   ASSERT_EQ(st.tensors.size(), 1u);
   EXPECT_EQ(st.tensors[0].first, "wé");
@@ -258,14 +258,14 @@ TEST(SafeTensorsJson, MalformedHeadersAreOneLineErrors) {
                                 "01", "1.", "-", "tru", "{} {}", "[1e999]", "{\"\\u12\":1}"}) {
     SCOPED_TRACE(bad);
     spit(path, craft(bad, ""));
-    const std::string message = error_of([&] { train::read_safetensors(path); });
+    const std::string message = error_of([&] { io::read_safetensors(path); });
     EXPECT_EQ(message.rfind("[export] '" + path + "': header is", 0), 0u) << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
   spit(path, craft(std::string(100, '[') + std::string(100, ']'), ""));
-  EXPECT_NE(error_of([&] { train::read_safetensors(path); }).find("nesting deeper than 64"), std::string::npos);
+  EXPECT_NE(error_of([&] { io::read_safetensors(path); }).find("nesting deeper than 64"), std::string::npos);
   spit(path, craft("{\"__metadata__\":{\"a\":{\"b\":{\"c\":\"d\"}}}}", ""));
-  EXPECT_NE(error_of([&] { train::read_safetensors(path); }).find("must be strings"), std::string::npos);
+  EXPECT_NE(error_of([&] { io::read_safetensors(path); }).find("must be strings"), std::string::npos);
 }
 
 TEST(Export, WritesEveryParameterWithConfigAndVocab) {
@@ -289,7 +289,7 @@ TEST(Export, WritesEveryParameterWithConfigAndVocab) {
 
   const std::string path = dir / "model.safetensors";
   train::export_safetensors(loaded, path);
-  const auto st = train::read_safetensors(path);
+  const auto st = io::read_safetensors(path);
 
   const auto params = loaded.model->named_parameters(true);
   ASSERT_EQ(st.tensors.size(), params.size());
@@ -340,7 +340,7 @@ TEST(Export, ResolvesKvHeadsAndWritesANonFiniteLossAsNull) {
   loaded.model = model::GPT(config);
   loaded.meta.best_val_loss = std::nan("");
   train::export_safetensors(loaded, dir / "m.safetensors");
-  const auto st = train::read_safetensors(dir / "m.safetensors");
+  const auto st = io::read_safetensors(dir / "m.safetensors");
   EXPECT_EQ(Json::parse(st.metadata.at("config"))["n_kv_head"], 2);
   EXPECT_EQ(st.metadata.at("best_val_loss"), "null");
 }

@@ -122,7 +122,7 @@ TEST(Train, LossFallsOnATinyRun) {
   auto c = tiny_config(dir.path);
   c.max_iters = 60;
   c.eval_interval = 60;
-  c.dropout = 0.0;
+  c.model.dropout = 0.0;
   train::Trainer trainer(c, /*quiet=*/true);
   const double before = trainer.estimate_loss("train");
   auto result = trainer.run();
@@ -231,7 +231,7 @@ TEST(Train, BadSetupsAreClearErrors) {
   c.dataset = dir.path + "/nowhere";
   expect_error(c, "has no input.txt");
   c = tiny_config(dir.path);
-  c.block_size = 5000;  // the val split (2000 chars) cannot hold one window
+  c.model.block_size = 5000;  // the val split (2000 chars) cannot hold one window
   expect_error(c, "block_size");
   if (!torch::cuda::is_available()) {
     c = tiny_config(dir.path);

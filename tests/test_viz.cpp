@@ -26,7 +26,7 @@
 #include "viz/colormap.h"
 #include "viz/font.h"
 #include "viz/loss_plot.h"
-#include "viz/metrics_csv.h"
+#include "io/metrics_csv.h"
 
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
@@ -39,6 +39,7 @@
 
 namespace fs = std::filesystem;
 using namespace nanogpt::viz;
+using namespace nanogpt::io;
 
 namespace {
 

@@ -39,12 +39,12 @@ inline train::TrainConfig tiny_config(const std::string& dir, size_t chars = 200
   train::TrainConfig c;
   c.out_dir = dir + "/out";
   c.dataset = dir + "/data";
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 32;
-  c.block_size = 16;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.n_embd = 32;
+  c.model.block_size = 16;
   c.batch_size = 4;
-  c.dropout = 0.1;  // exercises the dropout RNG across resume
+  c.model.dropout = 0.1;  // exercises the dropout RNG across resume
   c.max_iters = 20;
   c.eval_interval = 10;
   c.eval_iters = 2;

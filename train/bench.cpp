@@ -17,10 +17,10 @@
 #include "data/batch_sampler.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
-#include "model/backend.h"
+#include "runtime/device.h"
 #include "model/generate.h"
 #include "train/adamw.h"
-#include "train/peak_flops.h"
+#include "runtime/peak_flops.h"
 #include "train/step.h"
 
 namespace nanogpt::train {
@@ -53,10 +53,10 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
                                std::strerror(errno) + " (does its folder exist?)");
   }
   BenchReport r;
-  r.threads = model::backend::set_threads(config.num_threads);
-  const auto device = model::backend::resolve_device(config.device);
-  config.dtype = model::backend::resolve_dtype(config.dtype, device);
-  r.torch_version = model::backend::torch_version();
+  r.threads = runtime::set_threads(config.num_threads);
+  const auto device = runtime::resolve_device(config.device);
+  config.dtype = runtime::resolve_dtype(config.dtype, device);
+  r.torch_version = runtime::torch_version();
   r.device = device.str();
   r.dtype = config.dtype;
 
@@ -64,36 +64,37 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
   prep.input = config.dataset + "/input.txt";
   prep.out_dir = config.dataset;
   prep.val_fraction = config.val_fraction;
-  prep.min_split_tokens = config.block_size + 1;
+  prep.min_split_tokens = config.model.block_size + 1;
   const auto meta = data::ensure_prepared(prep);
-  const int64_t V = meta.vocab.size(), C = config.n_embd, BT = config.batch_size * config.block_size;
+  const int64_t V = meta.vocab.size(), C = config.model.n_embd, BT = config.batch_size * config.model.block_size;
 
   // GEMMs: a large square, and the model's own shapes (rows = tokens in a micro-batch).
   const int64_t square = device.is_cuda() ? 4096 : 1024;
   for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
     const std::string name = dtype == torch::kFloat ? "float32" : dtype == torch::kBFloat16 ? "bfloat16" : "float16";
-    r.gemm.push_back({"square", name, square, square, square, measure_gemm_flops(device, dtype, square, square, square) / 1e9});
-    r.gemm.push_back({"q/k/v/c_proj", name, BT, C, C, measure_gemm_flops(device, dtype, BT, C, C) / 1e9});
-    r.gemm.push_back({"mlp c_fc", name, BT, C, 4 * C, measure_gemm_flops(device, dtype, BT, C, 4 * C) / 1e9});
-    r.gemm.push_back({"head", name, BT, C, V, measure_gemm_flops(device, dtype, BT, C, V) / 1e9});
+    r.gemm.push_back({"square", name, square, square, square, runtime::measure_gemm_flops(device, dtype, square, square, square) / 1e9});
+    r.gemm.push_back({"q/k/v/c_proj", name, BT, C, C, runtime::measure_gemm_flops(device, dtype, BT, C, C) / 1e9});
+    r.gemm.push_back({"mlp c_fc", name, BT, C, 4 * C, runtime::measure_gemm_flops(device, dtype, BT, C, 4 * C) / 1e9});
+    r.gemm.push_back({"head", name, BT, C, V, runtime::measure_gemm_flops(device, dtype, BT, C, V) / 1e9});
   }
   for (const auto& g : r.gemm)
     if (g.shape == "square" && g.dtype == config.dtype) r.peak_gflops = g.gflops;
 
   // Training steps on real batches, exactly as the trainer runs them.
   torch::manual_seed(static_cast<uint64_t>(config.seed));
-  auto model_config = config.model_config(V);
+  model::ModelConfig model_config = config.model;
+  model_config.vocab_size = V;
   model::GPT model(model_config);
   model->to(device);
   std::ostringstream summary;
-  summary << config.n_layer << "L/" << config.n_head << "H/" << config.n_embd << " block " << config.block_size << " batch "
+  summary << config.model.n_layer << "L/" << config.model.n_head << "H/" << config.model.n_embd << " block " << config.model.block_size << " batch "
           << config.batch_size << "x" << config.gradient_accumulation_steps << " vocab " << V << " ("
-          << model->num_params() / 1e6 << "M params, " << config.pos_encoding << ")";
+          << model->num_params() / 1e6 << "M params, " << config.model.pos_encoding << ")";
   r.config_summary = summary.str();
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
   FlatAdamW optimizer(named, {config.weight_decay, config.beta1, config.beta2, 1e-8});
-  data::BatchSampler sampler(data::read_token_file(config.dataset + "/train.bin"), config.batch_size, config.block_size,
+  data::BatchSampler sampler(data::read_token_file(config.dataset + "/train.bin"), config.batch_size, config.model.block_size,
                              static_cast<uint64_t>(config.seed));
   StepOptions step;
   step.gradient_accumulation_steps = config.gradient_accumulation_steps;

@@ -1,4 +1,4 @@
-// Checkpoint files (see checkpoint.h): one safetensors file (train/safetensors.h).
+// Checkpoint files (see checkpoint.h): one safetensors file (io/safetensors.h).
 //   tensors   model.<parameter name>         fp32, nanoGPT-like names (model.h.0.attn.q_proj.weight)
 //             optimizer.step                  0-d int64
 //             optimizer.{exp_avg,exp_avg_sq}.{decay,no_decay}   FlatAdamW's flat moments
@@ -23,7 +23,7 @@
 
 #include "data/utf8.h"
 #include "train/adamw.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 namespace nanogpt::train {
 namespace {
@@ -81,7 +81,7 @@ void check_file(const std::string& path) {
 // The metadata of an open checkpoint, read with one clear error per missing or malformed entry.
 class Metadata {
  public:
-  Metadata(const SafeTensorsReader& reader, const std::string& path) : meta_(reader.metadata()), path_(path) {}
+  Metadata(const io::SafeTensorsReader& reader, const std::string& path) : meta_(reader.metadata()), path_(path) {}
 
   const std::string& text(const std::string& key) const {
     const auto it = meta_.find(key);
@@ -127,38 +127,6 @@ std::string number_text(double x) {
   return Json(x).dump();  // shortest text that reads back to the same double
 }
 
-model::ModelConfig model_config_from_json(const Json& j, const std::string& path) {
-  if (!j.is_object()) throw ckpt_error(path, "metadata 'model_config' is not a JSON object");
-  auto field = [&](const char* key, auto is_type, const char* type) -> const Json& {
-    if (!j.contains(key)) throw ckpt_error(path, std::string("model_config lacks '") + key + "'");
-    const Json& v = j.at(key);
-    if (!(v.*is_type)()) throw ckpt_error(path, std::string("model_config '") + key + "' is not " + type);
-    return v;
-  };
-  auto integer = [&](const char* key) {
-    const Json& v = field(key, &Json::is_number_integer, "an integer");
-    if (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)
-      throw ckpt_error(path, std::string("model_config '") + key + "' is out of range");
-    return v.get<int64_t>();
-  };
-  auto number = [&](const char* key) { return field(key, &Json::is_number, "a number").get<double>(); };
-  auto text = [&](const char* key) { return field(key, &Json::is_string, "a string").get<std::string>(); };
-  model::ModelConfig m;
-  m.vocab_size = integer("vocab_size");
-  m.block_size = integer("block_size");
-  m.n_layer = integer("n_layer");
-  m.n_head = integer("n_head");
-  m.n_kv_head = integer("n_kv_head");
-  m.n_embd = integer("n_embd");
-  m.dropout = number("dropout");
-  m.bias = field("bias", &Json::is_boolean, "true or false").get<bool>();
-  m.pos_encoding = text("pos_encoding");
-  m.rope_base = number("rope_base");
-  m.norm = text("norm");
-  m.attention = text("attention");
-  return m;
-}
-
 // A lower bound on the bytes of float32 weights a config needs: the token embedding, learned
 // positions, and per layer the attention's q/out projections (C x C each) and the MLP (2 x 4C x C).
 double min_weight_bytes(const model::ModelConfig& m) {
@@ -171,11 +139,13 @@ double min_weight_bytes(const model::ModelConfig& m) {
 // `file_size` bounds the model: a damaged size field must fail here, not make the model constructor
 // allocate (and fill) gigabytes or terabytes.
 model::ModelConfig read_model_config(const Metadata& meta, const std::string& path, uint64_t file_size) {
-  model::ModelConfig m = model_config_from_json(meta.json("model_config"), path);
+  model::ModelConfig m;
   try {
+    m = model::model_config_from_json(meta.json("model_config"));
     m.validate();
-  } catch (const std::exception& e) {
-    throw ckpt_error(path, std::string("stored model config is invalid: ") + e.what());
+  } catch (const std::invalid_argument& e) {  // "[model] ...": under this file's tag instead
+    const std::string what = e.what();
+    throw ckpt_error(path, "stored model config is invalid: " + what.substr(what.find("] ") + 2));
   }
   // block_size: attention builds a (block_size, block_size) mask, so 2^18 (64 GiB of it) is above
   // anything that was ever trained; the position tables grow with it even without weights.
@@ -191,8 +161,8 @@ model::ModelConfig read_model_config(const Metadata& meta, const std::string& pa
   return m;
 }
 
-torch::Tensor read_tensor(SafeTensorsReader& reader, const std::string& path, const std::string& name, bool required) {
-  const TensorInfo* info = reader.find(name);
+torch::Tensor read_tensor(io::SafeTensorsReader& reader, const std::string& path, const std::string& name, bool required) {
+  const io::TensorInfo* info = reader.find(name);
   if (!info) {
     if (required) throw ckpt_error(path, "tensor '" + name + "' is missing");
     return {};
@@ -200,7 +170,7 @@ torch::Tensor read_tensor(SafeTensorsReader& reader, const std::string& path, co
   return reader.read(*info);
 }
 
-CheckpointMeta read_meta(SafeTensorsReader& reader, const std::string& path) {
+CheckpointMeta read_meta(io::SafeTensorsReader& reader, const std::string& path) {
   const Metadata stored(reader, path);
   if (!stored.has("format") || stored.text("format") != kCheckpointFormat)
     throw ckpt_error(path, stored.has("format") && stored.text("format") == "nanogpt-cpp"
@@ -247,12 +217,12 @@ std::string shape_str(torch::IntArrayRef s) {
   return o.str();
 }
 
-void load_weights(SafeTensorsReader& reader, const std::string& path, model::GPT& model) {
+void load_weights(io::SafeTensorsReader& reader, const std::string& path, model::GPT& model) {
   // Every tensor is checked before the first one is copied: a bad file leaves the model as it was.
   std::vector<std::pair<torch::Tensor, torch::Tensor>> checked;  // (from the file, parameter)
   for (auto& item : model->named_parameters()) {
     const std::string name = kModelPrefix + item.key();
-    const TensorInfo* info = reader.find(name);
+    const io::TensorInfo* info = reader.find(name);
     if (!info) throw ckpt_error(path, "tensor '" + name + "' is missing");
     if (torch::IntArrayRef(info->shape) != item.value().sizes())
       throw ckpt_error(path, "tensor '" + name + "' has shape " + shape_str(info->shape) + ", the config expects " +
@@ -264,7 +234,7 @@ void load_weights(SafeTensorsReader& reader, const std::string& path, model::GPT
   for (auto& [stored, param] : checked) param.copy_(stored);
 }
 
-void load_optimizer(SafeTensorsReader& reader, const std::string& path, FlatAdamW& optimizer) {
+void load_optimizer(io::SafeTensorsReader& reader, const std::string& path, FlatAdamW& optimizer) {
   const std::string prefix = kOptimizerPrefix;
   std::vector<std::pair<std::string, torch::Tensor>> state;
   for (const auto& info : reader.tensors())
@@ -278,14 +248,6 @@ void load_optimizer(SafeTensorsReader& reader, const std::string& path, FlatAdam
 }
 
 }  // namespace
-
-std::string model_config_to_json(const model::ModelConfig& m) {
-  return Json{{"vocab_size", m.vocab_size}, {"block_size", m.block_size},     {"n_layer", m.n_layer},
-              {"n_head", m.n_head},         {"n_kv_head", m.n_kv_head},       {"n_embd", m.n_embd},
-              {"dropout", m.dropout},       {"bias", m.bias},                 {"pos_encoding", m.pos_encoding},
-              {"rope_base", m.rope_base},   {"norm", m.norm},                 {"attention", m.attention}}
-      .dump(-1, ' ', false, Json::error_handler_t::replace);  // invalid UTF-8 (never valid) fails on reading
-}
 
 void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta) {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
@@ -301,24 +263,24 @@ void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW
       {"best_val_loss", number_text(meta.best_val_loss)},
       {"eval_done", meta.eval_done ? "true" : "false"},
       {"config_yaml", meta.config_yaml},
-      {"model_config", model_config_to_json(meta.model_config)},
+      {"model_config", model::to_json(meta.model_config).dump(-1, ' ', false, Json::error_handler_t::replace)},
       {"vocab", meta.vocab.serialize()},
       {"sampler_state", meta.sampler_state},
       {"loss_scale", number_text(meta.loss_scale)},
       {"loss_scale_growth", std::to_string(meta.loss_scale_growth)},
   };
-  write_safetensors(path, tensors, metadata, "ckpt");
+  io::write_safetensors(path, tensors, metadata, "ckpt");
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
   check_file(path);
-  SafeTensorsReader reader(path, "ckpt");
+  io::SafeTensorsReader reader(path, "ckpt");
   return read_meta(reader, path);
 }
 
 CheckpointMeta load_checkpoint(const std::string& path, model::GPT* model, FlatAdamW* optimizer) {
   check_file(path);
-  SafeTensorsReader reader(path, "ckpt");
+  io::SafeTensorsReader reader(path, "ckpt");
   auto meta = read_meta(reader, path);
   if (model) load_weights(reader, path, *model);
   if (optimizer) load_optimizer(reader, path, *optimizer);
@@ -339,7 +301,7 @@ std::string resolve_checkpoint(const std::string& path) {
 
 LoadedModel load_model(const std::string& path, torch::Device device) {
   check_file(path);
-  SafeTensorsReader reader(path, "ckpt");
+  io::SafeTensorsReader reader(path, "ckpt");
   LoadedModel loaded;
   loaded.path = path;
   loaded.meta = read_meta(reader, path);

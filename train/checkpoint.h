@@ -1,4 +1,4 @@
-// Checkpoints: one safetensors file (train/safetensors.h) with the model, the optimizer, the step,
+// Checkpoints: one safetensors file (io/safetensors.h) with the model, the optimizer, the step,
 // the best val loss, the effective config (YAML), the model config, the vocabulary, every
 // RNG/sampler state needed to continue exactly, and a format version. Python opens it with
 // safetensors.numpy.load_file. Written atomically; read with validation (a mismatch names the tensor).
@@ -68,8 +68,5 @@ std::string resolve_checkpoint(const std::string& path);
 /// truncated, foreign or mismatched file, and on a format-1 checkpoint (a LibTorch archive);
 /// never crashes.
 LoadedModel load_model(const std::string& path, torch::Device device = torch::kCPU);
-
-/// Every field of `config` as a JSON object (text), as checkpoints store it.
-std::string model_config_to_json(const model::ModelConfig& config);
 
 }  // namespace nanogpt::train

@@ -31,26 +31,27 @@
 namespace nanogpt::train {
 namespace {
 
-using Member = std::variant<int64_t TrainConfig::*, double TrainConfig::*, bool TrainConfig::*,
-                            std::string TrainConfig::*>;
+// A key's field, found in a config: a TrainConfig member or a member of its nested ModelConfig.
+using Field = std::variant<int64_t*, double*, bool*, std::string*>;
 
 struct Key {
   const char* name;
-  Member member;
+  Field (*field)(TrainConfig&);
   const char* group;  // to_yaml writes "# group" before this key; nullptr for none
 };
 
-// The macro keeps each key's name and member identical; order = declaration order in config.h.
-#define KEY(field, group) Key{#field, &TrainConfig::field, group}
+// The macros keep each key's name and member identical; order = the order to_yaml writes.
+#define KEY(field, group) Key{#field, [](TrainConfig& c) -> Field { return &c.field; }, group}
+#define MODEL_KEY(field, group) Key{#field, [](TrainConfig& c) -> Field { return &c.model.field; }, group}
 const std::array kKeys = {
     KEY(out_dir, "I/O"), KEY(eval_interval, nullptr), KEY(log_interval, nullptr),
     KEY(eval_iters, nullptr), KEY(eval_only, nullptr), KEY(always_save_checkpoint, nullptr),
     KEY(init_from, nullptr),
     KEY(dataset, "data"), KEY(val_fraction, nullptr), KEY(gradient_accumulation_steps, nullptr),
-    KEY(batch_size, nullptr), KEY(block_size, nullptr),
-    KEY(n_layer, "model"), KEY(n_head, nullptr), KEY(n_kv_head, nullptr), KEY(n_embd, nullptr),
-    KEY(dropout, nullptr), KEY(bias, nullptr), KEY(pos_encoding, nullptr), KEY(rope_base, nullptr),
-    KEY(norm, nullptr), KEY(attention, nullptr),
+    KEY(batch_size, nullptr), MODEL_KEY(block_size, nullptr),
+    MODEL_KEY(n_layer, "model"), MODEL_KEY(n_head, nullptr), MODEL_KEY(n_kv_head, nullptr), MODEL_KEY(n_embd, nullptr),
+    MODEL_KEY(dropout, nullptr), MODEL_KEY(bias, nullptr), MODEL_KEY(pos_encoding, nullptr),
+    MODEL_KEY(rope_base, nullptr), MODEL_KEY(norm, nullptr), MODEL_KEY(attention, nullptr),
     KEY(learning_rate, "AdamW"), KEY(max_iters, nullptr), KEY(weight_decay, nullptr),
     KEY(beta1, nullptr), KEY(beta2, nullptr), KEY(grad_clip, nullptr),
     KEY(decay_lr, "learning rate schedule"), KEY(warmup_iters, nullptr), KEY(lr_decay_iters, nullptr),
@@ -58,6 +59,7 @@ const std::array kKeys = {
     KEY(device, "system"), KEY(dtype, nullptr), KEY(seed, nullptr), KEY(num_threads, nullptr),
     KEY(compile, nullptr), KEY(plot, nullptr),
 };
+#undef MODEL_KEY
 #undef KEY
 
 
@@ -111,9 +113,10 @@ std::optional<bool> parse_bool(std::string_view s) {
   return std::nullopt;
 }
 
-const char* expects(const Member& member) {
+const char* expects(const Key& key) {
   static constexpr const char* kNames[] = {"an integer", "a number", "true or false", "a string"};
-  return kNames[member.index()];
+  TrainConfig any;
+  return kNames[key.field(any).index()];
 }
 
 // Sets one key from its scalar text; `where` names the source for the error.
@@ -121,8 +124,8 @@ void set_value(TrainConfig& config, const Key& key, const std::string& text, con
                const std::string& suffix = "") {
   bool ok = true;
   std::visit(
-      [&](auto member) {
-        auto& field = config.*member;
+      [&](auto* field_ptr) {
+        auto& field = *field_ptr;
         using T = std::decay_t<decltype(field)>;
         if constexpr (std::is_same_v<T, int64_t>) {
           const auto v = parse_int(text);
@@ -137,9 +140,9 @@ void set_value(TrainConfig& config, const Key& key, const std::string& text, con
           field = text;
         }
       },
-      key.member);
+      key.field(config));
   if (!ok)
-    fail(where, "key '" + std::string(key.name) + "' expects " + expects(key.member) + ", got '" + text + "'" +
+    fail(where, "key '" + std::string(key.name) + "' expects " + expects(key) + ", got '" + text + "'" +
                     suffix);
 }
 
@@ -265,7 +268,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
       const Key& key = find_key(name, source, line);
       if (!seen.insert(name).second) fail(source, "key '" + name + "' is given twice" + line);
       if (!entry.second.IsScalar())
-        fail(source, "key '" + name + "' expects " + expects(key.member) + ", got " + node_kind(entry.second) + line);
+        fail(source, "key '" + name + "' expects " + expects(key) + ", got " + node_kind(entry.second) + line);
       set_value(config, key, entry.second.Scalar(), source, line);
     }
   } catch (const YAML::Exception& e) {
@@ -301,20 +304,21 @@ void apply_overrides(TrainConfig& config, const std::vector<std::string>& overri
 }
 
 std::string to_yaml(const TrainConfig& config) {
+  TrainConfig copy = config;  // the key table hands out mutable fields
   std::string out;
   for (const Key& key : kKeys) {
     if (key.group) out += std::string(out.empty() ? "" : "\n") + "# " + key.group + "\n";
     out += std::string(key.name) + ": ";
     std::visit(
-        [&](auto member) {
-          const auto& field = config.*member;
+        [&](auto* field_ptr) {
+          const auto& field = *field_ptr;
           using T = std::decay_t<decltype(field)>;
           if constexpr (std::is_same_v<T, int64_t>) out += std::to_string(field);
           else if constexpr (std::is_same_v<T, double>) out += format_double(field);
           else if constexpr (std::is_same_v<T, bool>) out += field ? "true" : "false";
           else out += quote_if_needed(field);
         },
-        key.member);
+        key.field(copy));
     out += "\n";
   }
   return out;
@@ -354,24 +358,15 @@ void TrainConfig::validate() const {
   check(!dataset.empty(), "dataset", "''", "must name a folder with input.txt, e.g. data/shakespeare_char");
   check(val_fraction > 0 && val_fraction < 1, "val_fraction", d(val_fraction),
         "must be in (0, 1): the fraction of characters held out for validation, e.g. 0.1");
-  const std::pair<const char*, int64_t> sizes[] = {{"gradient_accumulation_steps", gradient_accumulation_steps},
-      {"batch_size", batch_size}, {"block_size", block_size}, {"n_layer", n_layer}, {"n_head", n_head}, {"n_embd", n_embd}};
-  for (const auto& [key, value] : sizes) check(value >= 1, key, i(value), "must be >= 1");
-  // model
-  check(n_kv_head >= 0, "n_kv_head", i(n_kv_head), "must be >= 0 (0 means n_head: plain multi-head attention)");
-  check(n_embd % n_head == 0, "n_embd", i(n_embd), "must be divisible by n_head (" + i(n_head) + ")");
-  const int64_t kv_heads = n_kv_head > 0 ? n_kv_head : n_head;
-  check(n_head % kv_heads == 0, "n_head", i(n_head),
-        "must be divisible by n_kv_head (" + i(kv_heads) + "): each key/value head serves a whole group of query heads");
-  check(in(pos_encoding, {"rope", "sinusoidal", "learned"}), "pos_encoding", pos_encoding, "must be rope, sinusoidal or learned");
-  check(pos_encoding != "rope" || (n_embd / n_head) % 2 == 0, "n_embd / n_head", i(n_embd / n_head),
-        "must be even with pos_encoding rope: RoPE rotates channel pairs (change n_head, or use pos_encoding learned)");
-  check(pos_encoding != "rope" || rope_base > 1, "rope_base", d(rope_base), "must be > 1 with pos_encoding rope (10000 is usual)");
-  check(pos_encoding != "sinusoidal" || n_embd % 2 == 0, "n_embd", i(n_embd),
-        "must be even with pos_encoding sinusoidal: sin and cos fill channel pairs");
-  check(in(norm, {"layernorm", "rmsnorm"}), "norm", norm, "must be layernorm or rmsnorm");
-  check(in(attention, {"math", "sdpa", "auto"}), "attention", attention, "must be math, sdpa or auto");
-  check(dropout >= 0 && dropout < 1, "dropout", d(dropout), "must be in [0, 1): e.g. 0.0 for tiny runs, 0.2 for shakespeare_char");
+  check(gradient_accumulation_steps >= 1, "gradient_accumulation_steps", i(gradient_accumulation_steps), "must be >= 1");
+  check(batch_size >= 1, "batch_size", i(batch_size), "must be >= 1");
+  // model: its own rules (model/config.cpp), reported under this tag
+  try {
+    model.validate();
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    throw std::invalid_argument("[config] " + data::escape_controls(what.substr(what.find("] ") + 2)));
+  }
   // AdamW and schedule
   check(learning_rate > 0, "learning_rate", d(learning_rate), "must be > 0, e.g. 1e-3");
   check(max_iters >= 0, "max_iters", i(max_iters), "must be >= 0");
@@ -398,35 +393,19 @@ void TrainConfig::validate() const {
   check(num_threads >= 0, "num_threads", i(num_threads), "must be >= 0 (0 = all cores)");
 }
 
-model::ModelConfig TrainConfig::model_config(int64_t vocab_size) const {
+model::ModelConfig TrainConfig::default_model() {
   model::ModelConfig m;
-  m.vocab_size = vocab_size;
-  m.block_size = block_size;
-  m.n_layer = n_layer;
-  m.n_head = n_head;
-  m.n_kv_head = n_kv_head;
-  m.n_embd = n_embd;
-  m.dropout = dropout;
-  m.bias = bias;
-  m.pos_encoding = pos_encoding;
-  m.rope_base = rope_base;
-  m.norm = norm;
-  m.attention = attention;
+  m.block_size = 1024;
+  m.n_layer = 12;
+  m.n_head = 12;
+  m.n_embd = 768;
   return m;
 }
 
 void TrainConfig::set_architecture(const model::ModelConfig& m) {
-  // dropout is a training knob: a resumed run keeps this config's value.
-  block_size = m.block_size;
-  n_layer = m.n_layer;
-  n_head = m.n_head;
-  n_kv_head = m.n_kv_head;
-  n_embd = m.n_embd;
-  bias = m.bias;
-  pos_encoding = m.pos_encoding;
-  rope_base = m.rope_base;
-  norm = m.norm;
-  attention = m.attention;
+  const double kept_dropout = model.dropout;
+  model = m;
+  model.dropout = kept_dropout;
 }
 
 }  // namespace nanogpt::train

@@ -26,18 +26,8 @@ struct TrainConfig {
   double val_fraction = 0.1;                 // last fraction of the characters held out for val
   int64_t gradient_accumulation_steps = 1;   // micro-batches per optimizer step
   int64_t batch_size = 12;                   // sequences per micro-batch
-  int64_t block_size = 1024;                 // context length T
-  // model
-  int64_t n_layer = 12;
-  int64_t n_head = 12;
-  int64_t n_kv_head = 0;                     // grouped-query attention; 0 = n_head
-  int64_t n_embd = 768;
-  double dropout = 0.0;
-  bool bias = false;
-  std::string pos_encoding = "rope";         // rope | sinusoidal | learned
-  double rope_base = 10000.0;
-  std::string norm = "layernorm";            // layernorm | rmsnorm
-  std::string attention = "auto";            // math | sdpa | auto
+  // model: the architecture, in one struct (model/config.h); its keys are flat in YAML, as in nanoGPT
+  model::ModelConfig model = default_model();
   // AdamW
   double learning_rate = 6e-4;               // max learning rate
   int64_t max_iters = 600000;                // total optimizer steps
@@ -58,12 +48,14 @@ struct TrainConfig {
   bool compile = false;                      // accepted for nanoGPT compatibility; no effect here
   bool plot = true;                          // redraw out_dir/loss.png at every evaluation
 
-  /// The architecture part, with vocab_size filled in by the caller.
-  model::ModelConfig model_config(int64_t vocab_size) const;
+  /// nanoGPT's train.py defaults for the architecture: GPT-2 small (12 layers, 12 heads, 768 wide,
+  /// block 1024), with this project's RoPE and pre-norm choices.
+  static model::ModelConfig default_model();
   /// The autocast dtype of `dtype`: kBFloat16, kHalf, or kFloat (no autocast). Resolve "auto" first
-  /// (model::backend::resolve_dtype, once the device is known).
+  /// (runtime::resolve_dtype, once the device is known).
   torch::ScalarType autocast_dtype() const;
-  /// Copies the architecture keys from a checkpoint's config (resume forces them).
+  /// Takes the architecture from a checkpoint's config (resume forces it); dropout stays this
+  /// config's (a training knob, not part of the weights).
   void set_architecture(const model::ModelConfig& m);
 
   /// Throws std::invalid_argument "[config] <key> (<value>) must ...: hint" on impossible values.

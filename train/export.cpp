@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 namespace nanogpt::train {
 
@@ -16,7 +16,7 @@ using Json = nlohmann::ordered_json;
 std::string model_config_json(const model::ModelConfig& config) {
   // The checkpoint's mapping of the fields, with the head count resolved and without the
   // attention implementation (a choice of kernel, not of weights).
-  Json json = Json::parse(model_config_to_json(config));
+  Json json = model::to_json(config);
   json["n_kv_head"] = config.kv_heads();
   json.erase("attention");
   return json.dump();
@@ -27,6 +27,14 @@ std::string vocab_json(const data::Vocab& vocab) {
   for (int64_t id = 0; id < vocab.size(); ++id) chars.push_back(vocab.decode_one(id));
   return chars.dump();
 }
+
+namespace {
+model::ModelConfig trained_config(const LoadedModel& loaded) {
+  model::ModelConfig config = loaded.model->config();
+  config.dropout = loaded.meta.model_config.dropout;
+  return config;
+}
+}  // namespace
 
 void export_safetensors(const LoadedModel& loaded, const std::string& path) {
   if (!loaded.model) throw std::runtime_error("[export] no model to export (load a checkpoint first)");
@@ -44,7 +52,8 @@ void export_safetensors(const LoadedModel& loaded, const std::string& path) {
   const std::map<std::string, std::string> metadata = {
       {"format", kExportFormat},
       {"format_version", std::to_string(kExportFormatVersion)},
-      {"config", model_config_json(config)},
+      // The trained dropout: load_model zeroes the live model's for inference.
+      {"config", model_config_json(trained_config(loaded))},
       // RoPE rotates the pairs (x[i], x[i + hs/2]) of each head (GPT-NeoX / LLaMA-HF style).
       {"rope_convention", "split_halves"},
       {"tied_lm_head", "wte.weight"},
@@ -53,7 +62,7 @@ void export_safetensors(const LoadedModel& loaded, const std::string& path) {
       // A number, or null when the loss is not finite (JSON has no NaN).
       {"best_val_loss", Json(loaded.meta.best_val_loss).dump()},
   };
-  write_safetensors(path, tensors, metadata);
+  io::write_safetensors(path, tensors, metadata);
 }
 
 }  // namespace nanogpt::train

@@ -1,7 +1,7 @@
 // One optimizer step (see step.h).
 #include "train/step.h"
 
-#include "model/backend.h"
+#include "runtime/device.h"
 
 namespace nanogpt::train {
 
@@ -14,7 +14,7 @@ torch::Tensor train_step(model::GPT& model, FlatAdamW& optimizer,
     auto [x, y] = next_batch();  // (B, T) each
     torch::Tensor loss;
     {
-      model::backend::AutocastGuard autocast(options.device, options.autocast_dtype,
+      runtime::AutocastGuard autocast(options.device, options.autocast_dtype,
                                              options.autocast_dtype != torch::kFloat);
       loss = model->forward(x, y).second;
     }

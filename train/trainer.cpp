@@ -11,13 +11,13 @@
 #include <stdexcept>
 #include <thread>
 
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
-#include "model/backend.h"
+#include "runtime/device.h"
 #include "train/logger.h"
-#include "train/metrics_log.h"
-#include "train/peak_flops.h"
+#include "io/metrics_csv.h"
+#include "runtime/peak_flops.h"
 #include "train/signals.h"
 #include "train/step.h"
 #include "viz/loss_plot.h"
@@ -66,9 +66,9 @@ std::vector<std::pair<std::string, torch::Tensor>> named_parameters(model::GPT& 
 
 Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   config_.validate();
-  model::backend::set_threads(config_.num_threads);
-  device_ = model::backend::resolve_device(config_.device);
-  config_.dtype = model::backend::resolve_dtype(config_.dtype, device_);
+  runtime::set_threads(config_.num_threads);
+  device_ = runtime::resolve_device(config_.device);
+  config_.dtype = runtime::resolve_dtype(config_.dtype, device_);
   amp_dtype_ = config_.autocast_dtype();
   scaler_ = std::make_unique<GradScaler>(device_, amp_dtype_ == torch::kHalf);
 
@@ -89,14 +89,14 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     config_.validate();
   }
   log_ = make_logger(config_.out_dir + "/train.log", quiet);
-  data::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
+  io::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
 
   // Data: prepared on demand from dataset/input.txt.
   data::PrepareOptions prep;
   prep.input = config_.dataset + "/input.txt";
   prep.out_dir = config_.dataset;
   prep.val_fraction = config_.val_fraction;
-  prep.min_split_tokens = config_.block_size + 1;
+  prep.min_split_tokens = config_.model.block_size + 1;
   if (!std::filesystem::exists(prep.input))
     throw std::runtime_error("[train] dataset '" + config_.dataset + "' has no input.txt (set dataset: to a folder holding input.txt)");
   bool prepared = false;
@@ -109,12 +109,13 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
                              " chars): resume with the dataset it was trained on");
   train_tokens_ = data::read_token_file(config_.dataset + "/train.bin");
   val_tokens_ = data::read_token_file(config_.dataset + "/val.bin");
-  sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.block_size, config_.seed);
+  sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.model.block_size, config_.seed);
   // The val split only needs one window; check it now rather than at the first evaluation.
-  data::BatchSampler(val_tokens_, 1, config_.block_size, 0);
+  data::BatchSampler(val_tokens_, 1, config_.model.block_size, 0);
 
   torch::manual_seed(static_cast<uint64_t>(config_.seed));
-  model_ = model::GPT(config_.model_config(vocab_.size()));
+  config_.model.vocab_size = vocab_.size();
+  model_ = model::GPT(config_.model);
   model_->to(device_);
   FlatAdamW::Options opt;
   opt.weight_decay = config_.weight_decay;
@@ -137,12 +138,12 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
 }
 
 void Trainer::log_start() {
-  const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.block_size;
+  const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.model.block_size;
   log_->info("number of parameters: {:.2f}M", model_->num_params() / 1e6);
   log_->info("[train] tokens per iteration will be: {}", tokens_per_iter);
   log_->info("[train] device {} | dtype {} | threads {} | {} layers, {} heads, {} embd, block {}, vocab {} | {} positions, {}",
-             device_.str(), config_.dtype, torch::get_num_threads(), config_.n_layer, config_.n_head, config_.n_embd,
-             config_.block_size, vocab_.size(), config_.pos_encoding, config_.norm);
+             device_.str(), config_.dtype, torch::get_num_threads(), config_.model.n_layer, config_.model.n_head, config_.model.n_embd,
+             config_.model.block_size, vocab_.size(), config_.model.pos_encoding, config_.model.norm);
 }
 
 double Trainer::estimate_loss(const std::string& split) {
@@ -151,12 +152,12 @@ double Trainer::estimate_loss(const std::string& split) {
   // A fresh generator per evaluation: the same batches whenever this iteration is evaluated, and
   // the training generator is never touched (resume stays exact).
   const uint64_t salt = split == "val" ? 0x9e3779b97f4a7c15ULL : 0xc2b2ae3d27d4eb4fULL;
-  data::BatchSampler eval_sampler(split == "val" ? val_tokens_ : train_tokens_, config_.batch_size, config_.block_size,
+  data::BatchSampler eval_sampler(split == "val" ? val_tokens_ : train_tokens_, config_.batch_size, config_.model.block_size,
                                   static_cast<uint64_t>(config_.seed) ^ salt ^ static_cast<uint64_t>(iter_));
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().device(device_));
   for (int64_t k = 0; k < config_.eval_iters; ++k) {
     auto [x, y] = eval_sampler.next(device_);
-    model::backend::AutocastGuard autocast(device_, amp_dtype_, amp_dtype_ != torch::kFloat);
+    runtime::AutocastGuard autocast(device_, amp_dtype_, amp_dtype_ != torch::kFloat);
     sum += model_->forward(x, y).second;
   }
   model_->train();
@@ -185,7 +186,7 @@ std::string Trainer::out_of_memory_message() const {
       "[train] out of memory on {} at iter {} (batch_size {}, block_size {}, {:.2f}M parameters, dtype {}): "
       "lower batch_size and raise gradient_accumulation_steps to keep the tokens per step (e.g. --batch_size={} "
       "--gradient_accumulation_steps={}), or lower block_size",
-      device_.str(), iter_, config_.batch_size, config_.block_size, model_->num_params() / 1e6, config_.dtype,
+      device_.str(), iter_, config_.batch_size, config_.model.block_size, model_->num_params() / 1e6, config_.dtype,
       std::max<int64_t>(1, config_.batch_size / 2), config_.gradient_accumulation_steps * 2);
 }
 
@@ -195,7 +196,7 @@ TrainResult Trainer::run() {
   } catch (const std::exception& e) {
     // A CUDA out-of-memory error carries the caching allocator's multi-line report: say instead
     // what to change. The checkpoints on disk are untouched.
-    if (model::backend::is_out_of_memory(e)) throw std::runtime_error(out_of_memory_message());
+    if (runtime::is_out_of_memory(e)) throw std::runtime_error(out_of_memory_message());
     throw;
   }
 }
@@ -204,12 +205,12 @@ TrainResult Trainer::run_loop() {
   StopSignals signals;
   const std::string metrics_path = config_.out_dir + "/metrics.csv";
   const bool resumed = config_.init_from == "resume";
-  MetricsLog metrics(metrics_path, resumed ? iter_ : -1, resumed_eval_done_);
+  io::MetricsLog metrics(metrics_path, resumed ? iter_ : -1, resumed_eval_done_);
   log_start();
-  peak_flops_ = measure_peak_flops(device_, amp_dtype_);
+  peak_flops_ = runtime::measure_peak_flops(device_, amp_dtype_);
   log_->info("[train] MFU is against a measured {} GEMM peak of {:.0f} GFLOP/s", config_.dtype, peak_flops_ / 1e9);
 
-  const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.block_size;
+  const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.model.block_size;
   const double flops_per_iter = model_->flops_per_token() * static_cast<double>(tokens_per_iter);
   const auto run_start = Clock::now();
   std::vector<double> step_ms;

@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 
 namespace nanogpt::viz {
 namespace {
@@ -48,7 +48,7 @@ void write_attention_csv(const std::vector<AttentionPanel>& panels, const std::v
       }
     }
   }
-  data::write_bytes_atomically(csv_path, csv, "viz");
+  io::write_bytes_atomically(csv_path, csv, "viz");
 }
 
 }  // namespace nanogpt::viz

@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "viz/font.h"
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 
 #define STB_IMAGE_WRITE_STATIC
 #define STB_IMAGE_WRITE_IMPLEMENTATION
@@ -223,6 +223,6 @@ std::string Canvas::encode_png() const {
   return png;
 }
 
-void Canvas::save_png(const std::string& path) const { data::write_bytes_atomically(path, encode_png(), "viz"); }
+void Canvas::save_png(const std::string& path) const { io::write_bytes_atomically(path, encode_png(), "viz"); }
 
 }  // namespace nanogpt::viz

@@ -38,10 +38,10 @@ struct Series {
   bool markers;
 };
 
-std::vector<std::pair<double, double>> finite_points(const std::vector<MetricPoint>& metric_points) {
+std::vector<std::pair<double, double>> finite_points(const std::vector<io::MetricPoint>& metric_points) {
   std::vector<std::pair<double, double>> points;
   points.reserve(metric_points.size());
-  for (const MetricPoint& p : metric_points) {
+  for (const io::MetricPoint& p : metric_points) {
     if (std::isfinite(p.loss)) points.emplace_back(static_cast<double>(p.iter), p.loss);
   }
   return points;
@@ -86,7 +86,7 @@ std::string format_loss(double loss) {
 }
 
 // "iter 5000 | val 1.4921 (best 1.4732 @ 4500) | train_eval 1.2331"
-std::string summary_line(const Metrics& metrics) {
+std::string summary_line(const io::Metrics& metrics) {
   int64_t last_iter = 0;
   for (const auto* series : {&metrics.train, &metrics.val, &metrics.train_eval}) {
     if (!series->empty()) last_iter = std::max(last_iter, series->back().iter);
@@ -94,8 +94,8 @@ std::string summary_line(const Metrics& metrics) {
   std::string line = "iter " + std::to_string(last_iter);
   if (!metrics.val.empty()) {
     line += " | val " + format_loss(metrics.val.back().loss);
-    const MetricPoint* best = nullptr;
-    for (const MetricPoint& p : metrics.val) {
+    const io::MetricPoint* best = nullptr;
+    for (const io::MetricPoint& p : metrics.val) {
       if (std::isfinite(p.loss) && (best == nullptr || p.loss < best->loss)) best = &p;
     }
     if (best != nullptr) line += " (best " + format_loss(best->loss) + " @ " + std::to_string(best->iter) + ")";
@@ -115,7 +115,7 @@ double marker_radius(size_t count) {
 
 }  // namespace
 
-Canvas draw_loss_curves(const Metrics& metrics) {
+Canvas draw_loss_curves(const io::Metrics& metrics) {
   std::vector<Series> series;
   const auto train = finite_points(metrics.train);
   if (!train.empty()) {
@@ -230,7 +230,7 @@ Canvas draw_loss_curves(const Metrics& metrics) {
 }
 
 void plot_loss_curves(const std::string& metrics_csv, const std::string& png_path) {
-  draw_loss_curves(read_metrics_csv(metrics_csv)).save_png(png_path);
+  draw_loss_curves(io::read_metrics_csv(metrics_csv)).save_png(png_path);
 }
 
 }  // namespace nanogpt::viz

@@ -36,7 +36,7 @@
 #include "tests/fuzz/fuzz_common.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 using namespace nanogpt;
 using nanogpt::fuzz::expect_clear_error;
@@ -210,7 +210,7 @@ std::string recipe_checkpoint(FuzzedDataProvider& fdp) {
   for (auto& [key, value] : meta) value = valid_utf8(value);  // the writer wants UTF-8 metadata
   const std::string path = fuzz::scratch_dir() + "/recipe.safetensors";
   try {
-    train::write_safetensors(path, distinct, meta, "fuzz");
+    io::write_safetensors(path, distinct, meta, "fuzz");
   } catch (const std::runtime_error& e) {
     finding(std::string("the recipe's file could not be written: ") + e.what());
   }

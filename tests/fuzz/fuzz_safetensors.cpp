@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "tests/fuzz/fuzz_common.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 using namespace nanogpt;
 using nanogpt::fuzz::expect_clear_error;
@@ -33,20 +33,20 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = fuzz::write_scratch("in.safetensors", std::string_view(reinterpret_cast<const char*>(data), size));
-  train::SafeTensors st;
+  io::SafeTensors st;
   try {
-    st = train::read_safetensors(path);
+    st = io::read_safetensors(path);
   } catch (const std::runtime_error& e) {
     expect_clear_error(e, "[export] '");
     return 0;
   }
   const std::string copy = fuzz::scratch_dir() + "/copy.safetensors";
   try {
-    train::write_safetensors(copy, st.tensors, st.metadata);
+    io::write_safetensors(copy, st.tensors, st.metadata);
   } catch (const std::exception& e) {
     finding(std::string("write_safetensors rejected what read_safetensors accepted: ") + e.what());
   }
-  const train::SafeTensors back = train::read_safetensors(copy);
+  const io::SafeTensors back = io::read_safetensors(copy);
   if (back.metadata != st.metadata) finding("metadata changed in a round trip");
   if (back.tensors.size() != st.tensors.size()) finding("tensor count changed in a round trip");
   for (size_t i = 0; i < st.tensors.size(); ++i)

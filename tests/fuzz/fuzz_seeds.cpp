@@ -20,7 +20,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace nanogpt;
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
 
     // safetensors: several dtypes, an empty tensor, metadata.
     const fs::path st_path = scratch / "t.safetensors";
-    train::write_safetensors(st_path.string(),
+    io::write_safetensors(st_path.string(),
                              {{"wte.weight", torch::arange(6, torch::kFloat).reshape({2, 3})},
                               {"h.0.ln_1.weight", torch::ones({3}, torch::kBFloat16)},
                               {"ids", torch::arange(3, torch::kLong)},
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
                               {"empty", torch::zeros({0, 4})}},
                              {{"format", "pt"}, {"vocab", "nanogpt-vocab/1 2\nab"}});
     spit(out / "safetensors" / "seed_tensors", slurp(st_path));
-    train::write_safetensors(st_path.string(), {}, {});
+    io::write_safetensors(st_path.string(), {}, {});
     spit(out / "safetensors" / "seed_empty", slurp(st_path));
 
     // checkpoint: real checkpoints (selector 0) and recipes (selector 1, FuzzedDataProvider bytes).

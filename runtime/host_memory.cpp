@@ -1,11 +1,11 @@
 // Keep freed CPU memory for reuse (see host_memory.h).
-#include "model/host_memory.h"
+#include "runtime/host_memory.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
-namespace nanogpt::model {
+namespace nanogpt::runtime {
 
 bool retain_freed_memory() {
 #if defined(__GLIBC__)
@@ -17,4 +17,4 @@ bool retain_freed_memory() {
 #endif
 }
 
-}  // namespace nanogpt::model
+}  // namespace nanogpt::runtime

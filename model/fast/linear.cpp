@@ -1,5 +1,5 @@
 // Linear with a matrix-vector fast path (see linear.h).
-#include "model/linear.h"
+#include "model/fast/linear.h"
 
 namespace nanogpt::model {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace nanogpt::data {
+namespace nanogpt::io {
 
 /// Calls `write(tmp_path)` to produce the content, then fsyncs and renames it onto `path`.
 /// On any failure the temporary file is removed, `path` is untouched, and the error is rethrown
@@ -20,4 +20,4 @@ void write_bytes_atomically(const std::string& path, std::string_view bytes, std
 /// Reads a whole file. Throws "[<tag>] cannot read '<path>': reason" (missing, directory, unreadable).
 std::string read_file(const std::string& path, std::string_view tag = "data");
 
-}  // namespace nanogpt::data
+}  // namespace nanogpt::io

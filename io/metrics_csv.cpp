@@ -1,5 +1,6 @@
-// metrics.csv parsing: strict about the header and each complete line, lenient with a torn last line.
-#include "viz/metrics_csv.h"
+// metrics.csv: parsing is strict about the header and each complete line, lenient with a torn last
+// line; the writer appends and flushes one row per call.
+#include "io/metrics_csv.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -12,7 +13,9 @@
 #include <sstream>
 #include <stdexcept>
 
-namespace nanogpt::viz {
+#include "io/atomic_file.h"
+
+namespace nanogpt::io {
 namespace {
 
 constexpr size_t kFieldCount = 6;
@@ -153,4 +156,42 @@ Metrics read_metrics_csv(const std::string& path) {
   return metrics;
 }
 
-}  // namespace nanogpt::viz
+MetricsLog::MetricsLog(const std::string& path, int64_t keep_until, bool keep_eval_at_end) : path_(path) {
+  std::string kept = std::string(kMetricsHeader) + "\n";
+  if (keep_until >= 0) {
+    std::ifstream in(path);
+    std::string line;
+    bool first = true;
+    while (std::getline(in, line)) {
+      if (first) {
+        first = false;
+        continue;  // header
+      }
+      std::istringstream fields(line);
+      std::string iter_text, split;
+      if (!std::getline(fields, iter_text, ',') || !std::getline(fields, split, ',')) continue;
+      int64_t iter = 0;
+      try {
+        iter = std::stoll(iter_text);
+      } catch (const std::exception&) {
+        continue;
+      }
+      const bool keep = split == "train" ? iter < keep_until : (iter < keep_until || (iter == keep_until && keep_eval_at_end));
+      if (keep) kept += line + "\n";
+    }
+  }
+  write_bytes_atomically(path, kept, "train");
+  file_ = std::fopen(path.c_str(), "a");
+  if (!file_) throw std::runtime_error("[train] cannot open '" + path + "' for appending: " + std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsLog::row(int64_t iter, const char* split, double loss, double lr, double ms, double tokens_per_sec) {
+  std::fprintf(file_, "%lld,%s,%.9g,%.6g,%.4f,%.1f\n", static_cast<long long>(iter), split, loss, lr, ms, tokens_per_sec);
+  std::fflush(file_);
+}
+
+}  // namespace nanogpt::io

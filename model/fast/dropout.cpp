@@ -1,5 +1,5 @@
 // Fast CPU dropout (see dropout.h).
-#include "model/dropout.h"
+#include "model/fast/dropout.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>

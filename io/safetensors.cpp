@@ -1,5 +1,5 @@
 // safetensors writer and validating reader. See safetensors.h for the layout.
-#include "train/safetensors.h"
+#include "io/safetensors.h"
 
 #include <sys/stat.h>
 
@@ -12,13 +12,12 @@
 #include <set>
 #include <stdexcept>
 
-#include "data/atomic_file.h"
-#include "data/utf8.h"
+#include "io/atomic_file.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors stores little-endian bytes; this writer copies host memory as is");
 
-namespace nanogpt::train {
+namespace nanogpt::io {
 namespace {
 
 using Json = nlohmann::ordered_json;  // keeps the header's member order
@@ -51,11 +50,17 @@ const Dtype* dtype_named(const std::string& name) {
 
 bool is_utf8(const std::string& s) {
   try {
-    data::decode_utf8(s);
+    (void)Json(s).dump();  // nlohmann refuses invalid UTF-8 when it writes a string
     return true;
-  } catch (const std::exception&) {
+  } catch (const Json::type_error&) {
     return false;
   }
+}
+
+// `text` with control characters and invalid UTF-8 escaped (\n, \u001b, U+FFFD), for error lines.
+std::string printable(const std::string& text) {
+  const std::string quoted = Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
+  return quoted.substr(1, quoted.size() - 2);
 }
 
 // A JSON value quoted in an error message, cut short: a damaged shape may hold a million numbers.
@@ -150,7 +155,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   for (const auto& [name, tensor] : tensors) {
     if (name.empty()) fail("a tensor has an empty name");
     if (name == kMetadataKey) fail("the tensor name '__metadata__' is reserved for metadata");
-    if (!is_utf8(name)) fail("tensor name '" + data::escape_controls(name) + "' is not valid UTF-8");
+    if (!is_utf8(name)) fail("tensor name '" + printable(name) + "' is not valid UTF-8");
     if (!names.insert(name).second) fail("duplicate tensor name '" + name + "'");
     if (!tensor.defined()) fail("tensor '" + name + "' is undefined");
     if (dtype_of(tensor.scalar_type()) == nullptr)
@@ -159,10 +164,10 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     cpu.emplace_back(name, tensor.detach().to(torch::kCPU).contiguous());
   }
   for (const auto& [key, value] : metadata)
-    if (!is_utf8(key) || !is_utf8(value)) fail("metadata '" + data::escape_controls(key) + "' is not valid UTF-8");
+    if (!is_utf8(key) || !is_utf8(value)) fail("metadata '" + printable(key) + "' is not valid UTF-8");
 
   const std::string header = header_json(cpu, metadata);
-  data::write_file_atomically(
+  write_file_atomically(
       path,
       [&](const std::string& tmp_path) {
         std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
@@ -181,7 +186,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 }
 
 void SafeTensorsReader::fail(const std::string& what) const {
-  throw std::runtime_error(data::escape_controls("[" + tag_ + "] '" + path_ + "': " + what));
+  throw std::runtime_error("[" + tag_ + "] '" + printable(path_) + "': " + what);  // `what` quotes header bytes escaped
 }
 
 SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view tag) : path_(path), tag_(tag) {
@@ -220,16 +225,16 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view t
       if (!value.is_object()) fail("__metadata__ is not an object");
       for (const auto& [key, v] : value.items()) {
         if (!v.is_string())
-          fail("metadata '" + key + "' is a " + kind_name(v) + ", but metadata values must be strings");
+          fail("metadata '" + printable(key) + "' is a " + kind_name(v) + ", but metadata values must be strings");
         metadata_[key] = v.get<std::string>();
       }
       continue;
     }
-    const std::string where = "tensor '" + name + "'";
+    const std::string where = "tensor '" + printable(name) + "'";
     if (!value.is_object()) fail(where + " is not described by an object");
     for (const auto& [key, v] : value.items())
       if (key != "dtype" && key != "shape" && key != "data_offsets")
-        fail(where + " has an unknown field '" + key + "' (expected dtype, shape, data_offsets)");
+        fail(where + " has an unknown field '" + printable(key) + "' (expected dtype, shape, data_offsets)");
     if (!value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets"))
       fail(where + " lacks dtype, shape or data_offsets");
     const Json& dtype = value["dtype"];
@@ -273,7 +278,7 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view t
   uint64_t covered = 0;
   for (const TensorInfo& t : tensors_) {
     if (t.begin != covered)
-      fail("tensor '" + t.name + "' starts at data offset " + std::to_string(t.begin) +
+      fail("tensor '" + printable(t.name) + "' starts at data offset " + std::to_string(t.begin) +
            " but the tensors before it end at " + std::to_string(covered) + " (gaps and overlaps are not allowed)");
     covered = t.end;
   }
@@ -296,13 +301,13 @@ torch::Tensor SafeTensorsReader::read(const TensorInfo& info) {
     in_.clear();
     in_.seekg(static_cast<std::streamoff>(data_start_ + info.begin));
     in_.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(n));
-    if (!in_) fail("tensor '" + info.name + "': cannot read its " + std::to_string(n) + " bytes (file changed while reading?)");
+    if (!in_) fail("tensor '" + printable(info.name) + "': cannot read its " + std::to_string(n) + " bytes (file changed while reading?)");
   }
   if (info.dtype == torch::kBool) {
     const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
     for (uint64_t i = 0; i < n; ++i)
       if (bytes[i] > 1)
-        fail("tensor '" + info.name + "' is BOOL but holds byte " + std::to_string(bytes[i]) + " (only 0 and 1 are valid)");
+        fail("tensor '" + printable(info.name) + "' is BOOL but holds byte " + std::to_string(bytes[i]) + " (only 0 and 1 are valid)");
   }
   return t;
 }
@@ -315,4 +320,4 @@ SafeTensors read_safetensors(const std::string& path, std::string_view tag) {
   return result;
 }
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::io

@@ -1,12 +1,12 @@
 // GEMM timing (see peak_flops.h).
-#include "train/peak_flops.h"
+#include "runtime/peak_flops.h"
 
 #include <algorithm>
 #include <chrono>
 
-#include "model/backend.h"
+#include "runtime/device.h"
 
-namespace nanogpt::train {
+namespace nanogpt::runtime {
 
 double measure_gemm_flops(torch::Device device, torch::ScalarType dtype, int64_t m, int64_t k, int64_t n, int repeats) {
   c10::InferenceMode guard;
@@ -16,12 +16,12 @@ double measure_gemm_flops(torch::Device device, torch::ScalarType dtype, int64_t
   auto a = torch::full({m, k}, 0.5, opts), b = torch::full({k, n}, 0.25, opts);
   auto c = torch::empty({m, n}, opts);
   torch::mm_out(c, a, b);  // warm-up: first call allocates and picks kernels
-  model::backend::synchronize(device);
+  runtime::synchronize(device);
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     torch::mm_out(c, a, b);
-    model::backend::synchronize(device);
+    runtime::synchronize(device);
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n) / best;
@@ -32,4 +32,4 @@ double measure_peak_flops(torch::Device device, torch::ScalarType dtype) {
   return measure_gemm_flops(device, dtype, size, size, size, device.is_cuda() ? 10 : 4);
 }
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::runtime

@@ -1,5 +1,5 @@
 // One-token attention as plain loops (see decode_attention.h).
-#include "model/decode_attention.h"
+#include "model/fast/decode_attention.h"
 
 #include <ATen/Parallel.h>
 

@@ -1,26 +1,18 @@
-// The device- and runtime-specific LibTorch calls (fused attention, autocast, CUDA queries, threads)
-// in one small file, so the rest of the code reads the same on the CPU and on CUDA.
+// What depends on the machine and on the LibTorch build: device choice, dtype choice, autocast, CUDA
+// queries, threads, out-of-memory detection; the rest of the code reads the same on the CPU and on CUDA.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <string>
 
-namespace nanogpt::model::backend {
+namespace nanogpt::runtime {
 
 /// "2.11.0", ...
 std::string torch_version();
 
 /// True when this LibTorch was built with CUDA (whether or not a GPU is present).
 bool cuda_compiled();
-
-/// softmax(q kᵀ / √hs + mask) v through LibTorch's scaled_dot_product_attention, which picks a
-/// fused (flash / memory-efficient) kernel on the CPU and on CUDA where the inputs allow.
-/// q (B, nh, Tq, hs), k and v (B, nkv, Tk, hs) with nh a multiple of nkv (grouped-query heads);
-/// causal_mask is either undefined (no mask, every key visible), or bool (Tq, Tk) with true =
-/// masked out. `is_causal` uses the kernel's own mask (only when Tq == Tk).
-torch::Tensor sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                   const torch::Tensor& causal_mask, bool is_causal, double dropout_p);
 
 /// Turns autocast on for `device` with `dtype` (e.g. bfloat16) for the guard's lifetime; a no-op
 /// when `enabled` is false. Nesting-safe: restores the previous state.
@@ -63,4 +55,4 @@ bool is_out_of_memory(const std::exception& e);
 /// Waits for queued kernels on `device` (for honest timings on CUDA); no-op on CPU.
 void synchronize(torch::Device device);
 
-}  // namespace nanogpt::model::backend
+}  // namespace nanogpt::runtime

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-namespace nanogpt::train {
+namespace nanogpt::io {
 
 /// The contents of a safetensors file: tensors in file order, metadata by key.
 struct SafeTensors {
@@ -77,4 +77,4 @@ class SafeTensorsReader {
 /// Throws std::runtime_error "[<tag>] '<path>': <what> (<hint>)" on any problem; never crashes.
 SafeTensors read_safetensors(const std::string& path, std::string_view tag = "export");
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::io

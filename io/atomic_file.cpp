@@ -1,6 +1,6 @@
 // Atomic file replacement (temp sibling + fsync + rename) and whole-file reads, on POSIX calls so
 // every failure carries errno's reason.
-#include "data/atomic_file.h"
+#include "io/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace nanogpt::data {
+namespace nanogpt::io {
 namespace {
 
 std::string tagged(std::string_view tag) { return "[" + std::string(tag) + "] "; }
@@ -119,4 +119,4 @@ std::string read_file(const std::string& path, std::string_view tag) {
   return bytes;
 }
 
-}  // namespace nanogpt::data
+}  // namespace nanogpt::io

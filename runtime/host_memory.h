@@ -6,7 +6,7 @@
 // the memory is reused). See BENCHMARKS.md.
 #pragma once
 
-namespace nanogpt::model {
+namespace nanogpt::runtime {
 
 /// Makes freed CPU memory stay in the process for reuse: large blocks come from the heap instead of
 /// per-allocation mmaps, and the heap is not trimmed after each free. The resident size stays at
@@ -14,4 +14,4 @@ namespace nanogpt::model {
 /// A no-op outside glibc. Returns whether it changed anything.
 bool retain_freed_memory();
 
-}  // namespace nanogpt::model
+}  // namespace nanogpt::runtime

@@ -4,7 +4,7 @@
 
 #include <torch/torch.h>
 
-namespace nanogpt::train {
+namespace nanogpt::runtime {
 
 /// Best-of-`repeats` throughput (FLOP/s) of an (m x k) @ (k x n) matmul in `dtype` on `device`
 /// (bfloat16 on CPU runs through oneDNN, on AMX where present).
@@ -13,4 +13,4 @@ double measure_gemm_flops(torch::Device device, torch::ScalarType dtype, int64_t
 /// A quick (< 0.5 s) estimate of the peak for MFU: a large square GEMM (1024 on CPU, 4096 on CUDA).
 double measure_peak_flops(torch::Device device, torch::ScalarType dtype);
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::runtime

@@ -1,5 +1,5 @@
-// Device- and runtime-specific LibTorch calls (see backend.h).
-#include "model/backend.h"
+// Device- and runtime-specific LibTorch calls (see device.h).
+#include "runtime/device.h"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/cpu/Utils.h>
@@ -12,20 +12,11 @@
 #include <stdexcept>
 #include <thread>
 
-namespace nanogpt::model::backend {
+namespace nanogpt::runtime {
 
 std::string torch_version() { return TORCH_VERSION; }
 
 bool cuda_compiled() { return NANOGPT_TORCH_CUDA != 0; }  // set by CMake from the LibTorch it found
-
-torch::Tensor sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                   const torch::Tensor& causal_mask, bool is_causal, double dropout_p) {
-  std::optional<at::Tensor> mask;
-  if (causal_mask.defined()) mask = causal_mask.logical_not();  // SDPA's bool mask: true = attend
-  const bool grouped = q.size(1) != k.size(1);
-  return at::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, /*scale=*/std::nullopt,
-                                          /*enable_gqa=*/grouped);
-}
 
 AutocastGuard::AutocastGuard(torch::Device device, torch::ScalarType dtype, bool enabled)
     : enabled_(enabled), device_type_(device.type()) {
@@ -99,4 +90,4 @@ void synchronize(torch::Device device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index() < 0 ? -1 : device.index());
 }
 
-}  // namespace nanogpt::model::backend
+}  // namespace nanogpt::runtime
