@@ -13,6 +13,8 @@
 //   vocab         Vocab::serialize()
 #include "data/prepare.h"
 
+#include <fmt/format.h>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -76,23 +78,21 @@ void validate_options(const PrepareOptions& options) {
   if (options.input.empty()) throw std::runtime_error("[data] no input file given (pass --input FILE)");
   if (options.out_dir.empty()) throw std::runtime_error("[data] no output directory given (pass --out_dir DIR)");
   if (!(options.val_fraction > 0.0 && options.val_fraction < 1.0)) {
-    throw std::runtime_error("[data] val_fraction (" + std::to_string(options.val_fraction) +
-                             ") must be between 0 and 1, exclusive (nanoGPT uses 0.1)");
+    throw std::runtime_error(
+        fmt::format("[data] val_fraction ({}) must be between 0 and 1, exclusive (nanoGPT uses 0.1)", options.val_fraction));
   }
   if (options.min_split_tokens < 1) {
-    throw std::runtime_error("[data] min_split_tokens (" + std::to_string(options.min_split_tokens) +
-                             ") must be at least 1");
+    throw std::runtime_error(fmt::format("[data] min_split_tokens ({}) must be at least 1", options.min_split_tokens));
   }
 }
 
 void check_split_sizes(const DatasetMeta& meta, const PrepareOptions& options) {
   const auto check = [&](const char* split, int64_t tokens) {
     if (tokens < options.min_split_tokens) {
-      throw std::runtime_error("[data] corpus '" + options.input + "' is too short: the " + split + " split has " +
-                               std::to_string(tokens) + " tokens, fewer than the " +
-                               std::to_string(options.min_split_tokens) +
-                               " needed for one training window (use a longer text, a smaller block_size, or "
-                               "another val_fraction)");
+      throw std::runtime_error(fmt::format(
+          "[data] corpus '{}' is too short: the {} split has {} tokens, fewer than the {} needed for one training window "
+          "(use a longer text, a smaller block_size, or another val_fraction)",
+          options.input, split, tokens, options.min_split_tokens));
     }
   };
   check("train", meta.train_tokens);
@@ -198,14 +198,13 @@ DatasetMeta read_meta(const std::string& out_dir) {
     return std::runtime_error("[data] '" + path + "': " + what + " (re-run `nanogpt prepare` to rebuild it)");
   };
   if (bytes.size() < kMetaFixedBytes) {
-    throw bad("the file has " + std::to_string(bytes.size()) + " bytes, too short for a meta file");
+    throw bad(fmt::format("the file has {} bytes, too short for a meta file", bytes.size()));
   }
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   if (std::memcmp(p, kMetaMagic, sizeof(kMetaMagic)) != 0) throw bad("not a meta file (wrong magic number)");
   const uint64_t version = get_le(p + 8, 4);
   if (version != kMetaVersion) {
-    throw bad("unsupported meta file version " + std::to_string(version) + " (this build reads version " +
-              std::to_string(kMetaVersion) + ")");
+    throw bad(fmt::format("unsupported meta file version {} (this build reads version {})", version, kMetaVersion));
   }
   DatasetMeta meta;
   const uint64_t train = get_le(p + 12, 8);
@@ -215,8 +214,8 @@ DatasetMeta read_meta(const std::string& out_dir) {
   meta.val_fraction = bits_double(get_le(p + 44, 8));
   const uint64_t vocab_bytes = get_le(p + 52, 8);
   if (vocab_bytes != bytes.size() - kMetaFixedBytes) {
-    throw bad("the vocabulary should be " + std::to_string(vocab_bytes) + " bytes but " +
-              std::to_string(bytes.size() - kMetaFixedBytes) + " follow the header (truncated or corrupt)");
+    throw bad(fmt::format("the vocabulary should be {} bytes but {} follow the header (truncated or corrupt)", vocab_bytes,
+                          bytes.size() - kMetaFixedBytes));
   }
   if (train > (uint64_t{1} << 62) || val > (uint64_t{1} << 62)) throw bad("implausible token counts");
   if (!(meta.val_fraction > 0.0 && meta.val_fraction < 1.0)) throw bad("val_fraction is not between 0 and 1");

@@ -3,6 +3,10 @@
 // overlong forms (E0 80..9F, F0 80..8F), surrogates (ED A0..BF) and values above U+10FFFF (F4 90..).
 #include "data/utf8.h"
 
+#include <fmt/format.h>
+
+#include "io/text.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <stdexcept>
@@ -10,15 +14,11 @@
 namespace nanogpt::data {
 namespace {
 
-std::string hex_byte(unsigned char b) {
-  char buf[8];
-  std::snprintf(buf, sizeof(buf), "0x%02X", b);
-  return buf;
-}
+std::string hex_byte(unsigned char b) { return fmt::format("0x{:02X}", b); }
 
 [[noreturn]] void fail(size_t offset, const std::string& what) {
-  throw std::runtime_error("[data] invalid UTF-8 at byte offset " + std::to_string(offset) + ": " + what +
-                           " (the input must be UTF-8 text; re-save it as UTF-8)");
+  throw std::runtime_error(
+      fmt::format("[data] invalid UTF-8 at byte offset {}: {} (the input must be UTF-8 text; re-save it as UTF-8)", offset, what));
 }
 
 bool is_continuation(unsigned char b) { return (b & 0xC0) == 0x80; }
@@ -63,14 +63,12 @@ std::u32string decode_utf8(std::string_view bytes) {
     }
     for (int k = 1; k < len; ++k) {
       if (i + k >= n) {
-        fail(i, "truncated sequence (lead byte " + hex_byte(lead) + " needs " + std::to_string(len) +
-                    " bytes, the input ends after " + std::to_string(k) + ")");
+        fail(i, fmt::format("truncated sequence (lead byte {} needs {} bytes, the input ends after {})", hex_byte(lead), len, k));
       }
       const unsigned char b = p[i + k];
       if (!is_continuation(b)) {
-        fail(i, "truncated sequence (lead byte " + hex_byte(lead) + " needs " + std::to_string(len) +
-                    " bytes, byte " + hex_byte(b) + " at offset " + std::to_string(i + k) +
-                    " is not a continuation byte)");
+        fail(i, fmt::format("truncated sequence (lead byte {} needs {} bytes, byte {} at offset {} is not a continuation byte)",
+                            hex_byte(lead), len, hex_byte(b), i + k));
       }
       if (k == 1 && (b < lo || b > hi)) {
         const char* why = lead == 0xED ? "UTF-16 surrogate code point"
@@ -117,8 +115,7 @@ std::string encode_utf8(std::u32string_view cps) {
 }
 
 std::string describe_char(char32_t cp) {
-  char code[16];
-  std::snprintf(code, sizeof(code), "U+%04X", static_cast<unsigned>(cp));
+  const std::string code = fmt::format("U+{:04X}", static_cast<unsigned>(cp));
   std::string shown;
   switch (cp) {
     case '\n': shown = "\\n"; break;
@@ -134,19 +131,6 @@ std::string describe_char(char32_t cp) {
   return "'" + shown + "' (" + code + ")";
 }
 
-std::string escape_controls(std::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", u);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
+std::string escape_controls(std::string_view text) { return io::printable(text, io::Escape::controls); }
 
 }  // namespace nanogpt::data

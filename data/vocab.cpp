@@ -4,6 +4,8 @@
 // in ascending order. It is plain text, so a checkpoint's vocabulary can be read with `less`.
 #include "data/vocab.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -54,7 +56,7 @@ Vocab Vocab::from_chars(std::u32string_view chars) {
 }
 
 std::string Vocab::serialize() const {
-  std::string out = std::string(kMagic) + std::to_string(kVersion) + " " + std::to_string(chars_.size()) + "\n";
+  std::string out = fmt::format("{}{} {}\n", kMagic, kVersion, chars_.size());
   out += encode_utf8(chars_);
   return out;
 }
@@ -65,8 +67,9 @@ Vocab Vocab::deserialize(std::string_view blob) {
   uint64_t version = 0, count = 0;
   if (!parse_number(blob, pos, version)) corrupt("no version number after the prefix");
   if (version != kVersion) {
-    throw std::runtime_error("[data] unsupported vocabulary version " + std::to_string(version) + " (this build reads version " +
-                             std::to_string(kVersion) + "; use a matching nanogpt build or re-prepare the data)");
+    throw std::runtime_error(fmt::format(
+        "[data] unsupported vocabulary version {} (this build reads version {}; use a matching nanogpt build or re-prepare the data)",
+        version, kVersion));
   }
   if (pos >= blob.size() || blob[pos] != ' ') corrupt("expected a space after the version");
   ++pos;
@@ -81,10 +84,10 @@ Vocab Vocab::deserialize(std::string_view blob) {
     corrupt(std::string("characters are not valid UTF-8: ") + e.what());
   }
   if (chars.size() != count) {
-    corrupt("header says " + std::to_string(count) + " characters, found " + std::to_string(chars.size()));
+    corrupt(fmt::format("header says {} characters, found {}", count, chars.size()));
   }
   for (size_t i = 1; i < chars.size(); ++i) {
-    if (chars[i - 1] >= chars[i]) corrupt("characters are not sorted and distinct at index " + std::to_string(i));
+    if (chars[i - 1] >= chars[i]) corrupt(fmt::format("characters are not sorted and distinct at index {}", i));
   }
   Vocab vocab;
   vocab.chars_ = std::move(chars);
@@ -95,8 +98,8 @@ Vocab Vocab::deserialize(std::string_view blob) {
 
 char32_t Vocab::char_at(int64_t id) const {
   if (id < 0 || id >= size()) {
-    throw std::runtime_error("[data] token id " + std::to_string(id) + " is out of range for a vocabulary of " +
-                             std::to_string(size()) + " characters (valid ids: 0.." + std::to_string(size() - 1) + ")");
+    throw std::runtime_error(fmt::format("[data] token id {} is out of range for a vocabulary of {} characters (valid ids: 0..{})",
+                                         id, size(), size() - 1));
   }
   return chars_[static_cast<size_t>(id)];
 }
@@ -115,9 +118,10 @@ std::vector<int64_t> Vocab::encode_chars(std::u32string_view chars, UnknownChars
     } else if (policy == UnknownChars::Skip) {
       if (skipped) skipped->push_back(chars[pos]);
     } else {
-      throw std::runtime_error("[data] character " + describe_char(chars[pos]) + " at position " + std::to_string(pos) +
-                               " is not in the vocabulary of " + std::to_string(size()) +
-                               " characters (use text from the training corpus, or skip unknown characters)");
+      throw std::runtime_error(fmt::format(
+          "[data] character {} at position {} is not in the vocabulary of {} characters (use text from the training "
+          "corpus, or skip unknown characters)",
+          describe_char(chars[pos]), pos, size()));
     }
   }
   return ids;

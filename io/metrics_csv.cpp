@@ -2,6 +2,8 @@
 // line; the writer appends and flushes one row per call.
 #include "io/metrics_csv.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -121,8 +123,7 @@ Metrics read_metrics_csv(const std::string& path) {
     try {
       const std::vector<std::string> fields = split_fields(line);
       if (fields.size() != kFieldCount) {
-        throw LineError("expected " + std::to_string(kFieldCount) + " comma-separated fields, found " +
-                        std::to_string(fields.size()));
+        throw LineError(fmt::format("expected {} comma-separated fields, found {}", kFieldCount, fields.size()));
       }
       MetricPoint point;
       point.iter = parse_iter(fields[0]);
@@ -142,8 +143,7 @@ Metrics read_metrics_csv(const std::string& path) {
       }
     } catch (const LineError& e) {
       if (!terminated) break;  // the writer is mid-line; the rest arrives with the next flush
-      throw std::runtime_error("[viz] '" + path + "' line " + std::to_string(line_number) + ": " + e.what() +
-                               ": '" + line.substr(0, 120) + "'");
+      throw std::runtime_error(fmt::format("[viz] '{}' line {}: {}: '{}'", path, line_number, e.what(), line.substr(0, 120)));
     }
   }
   if (!saw_header) {

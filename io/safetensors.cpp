@@ -3,6 +3,8 @@
 
 #include <sys/stat.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include <stdexcept>
 
 #include "io/atomic_file.h"
+#include "io/text.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors stores little-endian bytes; this writer copies host memory as is");
@@ -48,20 +51,6 @@ const Dtype* dtype_named(const std::string& name) {
   return nullptr;
 }
 
-bool is_utf8(const std::string& s) {
-  try {
-    (void)Json(s).dump();  // nlohmann refuses invalid UTF-8 when it writes a string
-    return true;
-  } catch (const Json::type_error&) {
-    return false;
-  }
-}
-
-// `text` with control characters and invalid UTF-8 escaped (\n, \u001b, U+FFFD), for error lines.
-std::string printable(const std::string& text) {
-  const std::string quoted = Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
-  return quoted.substr(1, quoted.size() - 2);
-}
 
 // A JSON value quoted in an error message, cut short: a damaged shape may hold a million numbers.
 std::string brief(const Json& value) {
@@ -87,18 +76,7 @@ std::string json_reason(const std::string& what) {
 std::string excerpt(std::string_view text, size_t end) {
   end = std::min(end, text.size());
   const size_t begin = end > 24 ? end - 24 : 0;
-  std::string out;
-  for (const char c : text.substr(begin, end - begin)) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7F) {
-      out += c;
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", u);
-      out += buf;
-    }
-  }
-  return out;
+  return printable(text.substr(begin, end - begin), Escape::non_ascii);
 }
 
 // Parses the header; nlohmann silently keeps the last of two equal keys, which would hide a
@@ -106,7 +84,7 @@ std::string excerpt(std::string_view text, size_t end) {
 Json parse_header(std::string_view text) {
   std::vector<std::set<std::string>> keys;  // per open object
   const auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth > kMaxJsonDepth) throw std::runtime_error("nesting deeper than " + std::to_string(kMaxJsonDepth));
+    if (depth > kMaxJsonDepth) throw std::runtime_error(fmt::format("nesting deeper than {}", kMaxJsonDepth));
     if (event == Json::parse_event_t::object_start) keys.emplace_back();
     if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
     if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
@@ -116,8 +94,7 @@ Json parse_header(std::string_view text) {
   try {
     return Json::parse(text.begin(), text.end(), callback);
   } catch (const Json::parse_error& e) {
-    throw std::runtime_error("at byte " + std::to_string(e.byte) + " (after '" + excerpt(text, e.byte) +
-                             "'): " + json_reason(e.what()));
+    throw std::runtime_error(fmt::format("at byte {} (after '{}'): {}", e.byte, excerpt(text, e.byte), json_reason(e.what())));
   } catch (const Json::exception& e) {
     throw std::runtime_error(json_reason(e.what()));
   }
@@ -186,7 +163,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 }
 
 void SafeTensorsReader::fail(const std::string& what) const {
-  throw std::runtime_error("[" + tag_ + "] '" + printable(path_) + "': " + what);  // `what` quotes header bytes escaped
+  throw std::runtime_error(printable("[" + tag_ + "] '" + path_ + "': " + what));  // one line, even for hostile bytes
 }
 
 SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view tag) : path_(path), tag_(tag) {
@@ -198,19 +175,19 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view t
   if (!in_) throw std::runtime_error("[" + tag_ + "] cannot read '" + path + "': " + std::strerror(errno));
   file_size_ = static_cast<uint64_t>(st.st_size);
   if (file_size_ < 8)
-    fail("file is " + std::to_string(file_size_) + " bytes, too short for the 8-byte header length (empty or truncated file?)");
+    fail(fmt::format("file is {} bytes, too short for the 8-byte header length (empty or truncated file?)", file_size_));
   unsigned char length[8];
   in_.read(reinterpret_cast<char*>(length), 8);
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | length[i];
   if (!in_ || header_len > file_size_ - 8)
-    fail("header length " + std::to_string(header_len) + " exceeds the " + std::to_string(file_size_ - 8) +
-         " bytes after it (truncated file, or not a safetensors file?)");
+    fail(fmt::format("header length {} exceeds the {} bytes after it (truncated file, or not a safetensors file?)",
+                     header_len, file_size_ - 8));
   data_start_ = 8 + header_len;
   const uint64_t data_size = file_size_ - data_start_;
   std::string text(header_len, '\0');
   in_.read(text.data(), static_cast<std::streamsize>(header_len));
-  if (!in_) fail("cannot read the " + std::to_string(header_len) + "-byte header (file changed while reading?)");
+  if (!in_) fail(fmt::format("cannot read the {}-byte header (file changed while reading?)", header_len));
 
   Json header;
   try {
@@ -225,16 +202,16 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view t
       if (!value.is_object()) fail("__metadata__ is not an object");
       for (const auto& [key, v] : value.items()) {
         if (!v.is_string())
-          fail("metadata '" + printable(key) + "' is a " + kind_name(v) + ", but metadata values must be strings");
+          fail("metadata '" + key + "' is a " + kind_name(v) + ", but metadata values must be strings");
         metadata_[key] = v.get<std::string>();
       }
       continue;
     }
-    const std::string where = "tensor '" + printable(name) + "'";
+    const std::string where = "tensor '" + name + "'";
     if (!value.is_object()) fail(where + " is not described by an object");
     for (const auto& [key, v] : value.items())
       if (key != "dtype" && key != "shape" && key != "data_offsets")
-        fail(where + " has an unknown field '" + printable(key) + "' (expected dtype, shape, data_offsets)");
+        fail(where + " has an unknown field '" + key + "' (expected dtype, shape, data_offsets)");
     if (!value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets"))
       fail(where + " lacks dtype, shape or data_offsets");
     const Json& dtype = value["dtype"];
@@ -257,8 +234,8 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view t
     info.begin = offsets[0].get<uint64_t>();
     info.end = offsets[1].get<uint64_t>();
     if (info.begin > info.end || info.end > data_size)
-      fail(where + ": data_offsets " + brief(offsets) + " lie outside the data section of " + std::to_string(data_size) +
-           " bytes (truncated or corrupted file?)");
+      fail(fmt::format("{}: data_offsets {} lie outside the data section of {} bytes (truncated or corrupted file?)", where,
+                       brief(offsets), data_size));
     // shape x dtype size, without overflow: a zero dimension makes it 0 whatever the others are.
     uint64_t expected = torch::elementSize(info.dtype);
     if (std::find(info.shape.begin(), info.shape.end(), 0) != info.shape.end()) expected = 0;
@@ -266,9 +243,8 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view t
       if (expected != 0 && __builtin_mul_overflow(expected, static_cast<uint64_t>(dim), &expected))
         fail(where + ": shape " + brief(shape) + " is too large");
     if (expected != info.end - info.begin)
-      fail(where + ": shape " + brief(shape) + " of " + known->name + " needs " + std::to_string(expected) +
-           " bytes but data_offsets " + brief(offsets) + " span " + std::to_string(info.end - info.begin) +
-           " (corrupted header?)");
+      fail(fmt::format("{}: shape {} of {} needs {} bytes but data_offsets {} span {} (corrupted header?)", where, brief(shape),
+                       known->name, expected, brief(offsets), info.end - info.begin));
     tensors_.push_back(std::move(info));
   }
 
@@ -278,13 +254,13 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view t
   uint64_t covered = 0;
   for (const TensorInfo& t : tensors_) {
     if (t.begin != covered)
-      fail("tensor '" + printable(t.name) + "' starts at data offset " + std::to_string(t.begin) +
-           " but the tensors before it end at " + std::to_string(covered) + " (gaps and overlaps are not allowed)");
+      fail(fmt::format("tensor '{}' starts at data offset {} but the tensors before it end at {} (gaps and overlaps are "
+                       "not allowed)", t.name, t.begin, covered));
     covered = t.end;
   }
   if (covered != data_size)
-    fail("the tensors cover " + std::to_string(covered) + " bytes but the data section holds " +
-         std::to_string(data_size) + " (trailing bytes, or a corrupted header?)");
+    fail(fmt::format("the tensors cover {} bytes but the data section holds {} (trailing bytes, or a corrupted header?)",
+                     covered, data_size));
 }
 
 const TensorInfo* SafeTensorsReader::find(std::string_view name) const {
@@ -301,13 +277,13 @@ torch::Tensor SafeTensorsReader::read(const TensorInfo& info) {
     in_.clear();
     in_.seekg(static_cast<std::streamoff>(data_start_ + info.begin));
     in_.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(n));
-    if (!in_) fail("tensor '" + printable(info.name) + "': cannot read its " + std::to_string(n) + " bytes (file changed while reading?)");
+    if (!in_) fail(fmt::format("tensor '{}': cannot read its {} bytes (file changed while reading?)", info.name, n));
   }
   if (info.dtype == torch::kBool) {
     const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
     for (uint64_t i = 0; i < n; ++i)
       if (bytes[i] > 1)
-        fail("tensor '" + printable(info.name) + "' is BOOL but holds byte " + std::to_string(bytes[i]) + " (only 0 and 1 are valid)");
+        fail(fmt::format("tensor '{}' is BOOL but holds byte {} (only 0 and 1 are valid)", info.name, bytes[i]));
   }
   return t;
 }

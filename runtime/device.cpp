@@ -1,6 +1,8 @@
 // Device- and runtime-specific LibTorch calls (see device.h).
 #include "runtime/device.h"
 
+#include <fmt/format.h>
+
 #include <ATen/autocast_mode.h>
 #include <ATen/cpu/Utils.h>
 #if NANOGPT_TORCH_CUDA
@@ -66,8 +68,7 @@ torch::Device resolve_device(const std::string& name) {
                                "): use --device=cpu or --device=auto");
     torch::Device device(name);  // parses "cuda:N"
     if (device.has_index() && device.index() >= static_cast<int64_t>(torch::cuda::device_count()))
-      throw std::runtime_error("[device] '" + name + "': only " + std::to_string(torch::cuda::device_count()) +
-                               " CUDA device(s)");
+      throw std::runtime_error(fmt::format("[device] '{}': only {} CUDA device(s)", name, torch::cuda::device_count()));
     return device;
   }
   throw std::runtime_error("[device] unknown device '" + name + "' (use auto, cpu, cuda or cuda:N)");

@@ -373,7 +373,7 @@ TEST(CheckpointLoad, DamagedStringsAreEscapedInErrors) {
   ckpt.save(dir / "ckpt.safetensors");
   const std::string message = error_of([&] { train::load_model(dir / "ckpt.safetensors"); });
   expect_one_ckpt_line(message);
-  EXPECT_NE(message.find("rope\\x0A\\x1B[31m"), std::string::npos) << message;
+  EXPECT_NE(message.find("rope\\x0a\\x1b[31m"), std::string::npos) << message;
   // Invalid UTF-8 in the header (the writer never produces it) is an error, escaped too.
   std::string bytes = slurp(dir / "ckpt.safetensors");
   const auto at = bytes.find("rope");

@@ -1,6 +1,8 @@
 // nanogpt bench (see bench.h).
 #include "train/bench.h"
 
+#include <fmt/format.h>
+
 #include <sys/resource.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
@@ -143,28 +145,17 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
 }
 
 std::string BenchReport::table() const {
-  std::ostringstream o;
-  char line[256];
-  o << "[bench] LibTorch " << torch_version << " | device " << device << " | threads " << threads << "\n";
-  o << "[bench] model " << config_summary << " | dtype " << dtype << "\n";
-  o << "  GEMM                         dtype        m      k      n    GFLOP/s\n";
-  for (const auto& g : gemm) {
-    std::snprintf(line, sizeof line, "  %-28s %-9s %6lld %6lld %6lld %10.1f\n", g.shape.c_str(), g.dtype.c_str(),
-                  static_cast<long long>(g.m), static_cast<long long>(g.k), static_cast<long long>(g.n), g.gflops);
-    o << line;
-  }
-  std::snprintf(line, sizeof line,
-                "  train step: median %.2f ms (min %.2f, mean %.2f) | %.0f tok/s | MFU %.1f%% of %.0f GFLOP/s | loss %.4f\n",
-                step_ms_median, step_ms_min, step_ms_mean, tokens_per_sec, 100.0 * mfu, peak_gflops, final_loss);
-  o << line;
-  if (sample_batch > 0) {
-    std::snprintf(line, sizeof line, "  sampling: %.0f tok/s with KV cache | %.0f tok/s without | %.0f tok/s batch of %lld\n",
-                  sample_tok_s_cache, sample_tok_s_nocache, sample_tok_s_batch, static_cast<long long>(sample_batch));
-    o << line;
-  }
-  std::snprintf(line, sizeof line, "  peak RSS: %.0f MB\n", peak_rss_mb);
-  o << line;
-  return o.str();
+  std::string o = fmt::format("[bench] LibTorch {} | device {} | threads {}\n", torch_version, device, threads);
+  o += fmt::format("[bench] model {} | dtype {}\n", config_summary, dtype);
+  o += "  GEMM                         dtype        m      k      n    GFLOP/s\n";
+  for (const auto& g : gemm) o += fmt::format("  {:<28} {:<9} {:6} {:6} {:6} {:10.1f}\n", g.shape, g.dtype, g.m, g.k, g.n, g.gflops);
+  o += fmt::format("  train step: median {:.2f} ms (min {:.2f}, mean {:.2f}) | {:.0f} tok/s | MFU {:.1f}% of {:.0f} GFLOP/s | loss {:.4f}\n",
+                   step_ms_median, step_ms_min, step_ms_mean, tokens_per_sec, 100.0 * mfu, peak_gflops, final_loss);
+  if (sample_batch > 0)
+    o += fmt::format("  sampling: {:.0f} tok/s with KV cache | {:.0f} tok/s without | {:.0f} tok/s batch of {}\n",
+                     sample_tok_s_cache, sample_tok_s_nocache, sample_tok_s_batch, sample_batch);
+  o += fmt::format("  peak RSS: {:.0f} MB\n", peak_rss_mb);
+  return o;
 }
 
 std::string BenchReport::json() const {

@@ -24,6 +24,7 @@
 #include "data/utf8.h"
 #include "train/adamw.h"
 #include "io/safetensors.h"
+#include "io/text.h"
 
 namespace nanogpt::train {
 namespace {
@@ -32,32 +33,8 @@ using Json = nlohmann::ordered_json;
 constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 
-// A damaged file's strings (a config field, a name inside the archive) end up in error messages:
-// escape control characters, and every non-ASCII byte when the text is not valid UTF-8, so the
-// error stays one readable line.
-std::string printable(const std::string& text) {
-  bool utf8 = true;
-  try {
-    data::decode_utf8(text);
-  } catch (const std::exception&) {
-    utf8 = false;
-  }
-  std::string out;
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7F || (u >= 0x80 && !utf8)) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", u);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 std::runtime_error ckpt_error(const std::string& path, const std::string& what) {
-  return std::runtime_error(printable("[ckpt] '" + path + "': " + what));
+  return std::runtime_error(io::printable("[ckpt] '" + path + "': " + what));  // one line, even for hostile bytes
 }
 
 // Checks what a path holds before the safetensors reader sees it, to say what it is when it is not

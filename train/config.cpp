@@ -6,6 +6,8 @@
 // (not yes/no/on/off); strings take the scalar as written. An empty document means all defaults.
 #include "train/config.h"
 
+#include <fmt/format.h>
+
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -199,19 +201,10 @@ std::string quote_if_needed(const std::string& s) {
   if (plain) return s;
   std::string out = "\"";
   for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20 || u == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", u);
-      out += buf;
-    } else {
-      out += c;  // UTF-8 bytes pass through
-    }
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
   }
-  return out + "\"";
+  return data::escape_controls(out) + "\"";  // YAML's double quotes read \xNN back; UTF-8 passes through
 }
 
 // Counts the documents of a YAML text. Not with YAML::LoadAll: in yaml-cpp 0.7 it never returns on
@@ -238,8 +231,8 @@ size_t count_documents(const std::string& yaml_text, const std::string& source) 
   int previous = -1;
   while (parser.HandleNextDocument(starts)) {
     if (starts.start.pos == previous)
-      fail(source, "cannot parse past line " + std::to_string(starts.start.line + 1) + ", column " +
-                       std::to_string(starts.start.column + 1) + " (a stray ',' outside [ ] or { }?)");
+      fail(source, fmt::format("cannot parse past line {}, column {} (a stray ',' outside [ ] or {{ }}?)", starts.start.line + 1,
+                               starts.start.column + 1));
     previous = starts.start.pos;
     ++count;
   }
