@@ -167,15 +167,15 @@ MetricsLog::MetricsLog(const std::string& path, int64_t keep_until, bool keep_ev
         first = false;
         continue;  // header
       }
-      std::istringstream fields(line);
-      std::string iter_text, split;
-      if (!std::getline(fields, iter_text, ',') || !std::getline(fields, split, ',')) continue;
+      const std::vector<std::string> fields = split_fields(line);  // the reader's parsing, above
+      if (fields.size() < 2) continue;
       int64_t iter = 0;
       try {
-        iter = std::stoll(iter_text);
-      } catch (const std::exception&) {
+        iter = parse_iter(fields[0]);
+      } catch (const LineError&) {
         continue;
       }
+      const std::string& split = fields[1];
       const bool keep = split == "train" ? iter < keep_until : (iter < keep_until || (iter == keep_until && keep_eval_at_end));
       if (keep) kept += line + "\n";
     }

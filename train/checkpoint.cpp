@@ -21,7 +21,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "data/utf8.h"
 #include "train/adamw.h"
 #include "io/safetensors.h"
 #include "io/text.h"
