@@ -1,4 +1,8 @@
-// nanogpt sample: nanoGPT's sample.py with a KV cache, top-p, stop strings and streaming.
+// nanogpt sample: nanoGPT's sample.py with a KV cache, top-p, stop strings, streaming, beam search
+// and per-token probabilities.
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -7,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "io/atomic_file.h"
+#include "io/text.h"
 #include "data/utf8.h"
 #include "runtime/device.h"
 #include "model/generate.h"
@@ -30,6 +35,10 @@ struct SampleArgs {
   bool stream = false;
   bool batch = false;
   bool no_cache = false;
+  bool exact_window = false;
+  int64_t beam = 0;
+  bool length_norm = false;
+  bool show_probs = false;
   bool skip_unknown = false;
   std::string stop;
 };
@@ -38,10 +47,10 @@ void check(const SampleArgs& a) {
   auto bad = [](const std::string& m) { throw std::invalid_argument("[sample] " + m); };
   if (a.num_samples < 1) bad("--num_samples must be >= 1");
   if (a.max_new_tokens < 0) bad("--max_new_tokens must be >= 0");
-  if (!(a.temperature >= 0.0)) bad("--temperature must be >= 0 (0 = greedy)");
-  if (a.top_k < 0) bad("--top_k must be >= 0 (0 = off)");
-  if (!(a.top_p > 0.0 && a.top_p <= 1.0)) bad("--top_p must be in (0, 1] (1 = off)");
   if (a.stream && a.batch) bad("--stream prints one sample at a time: drop --batch");
+  if (a.beam < 0) bad("--beam must be >= 0 (0 = sample, 1 = greedy, K = beam search with K beams)");
+  if (a.beam > 0 && (a.stream || a.batch || a.show_probs || a.no_cache))
+    bad("--beam prints its K results at the end: drop --stream, --batch, --show_probs and --no_cache");
 }
 
 std::vector<int64_t> encode_prompt(const SampleArgs& a, const data::Vocab& vocab) {
@@ -68,9 +77,27 @@ std::vector<int64_t> encode_prompt(const SampleArgs& a, const data::Vocab& vocab
   return ids;
 }
 
+// One token for a table: quoted, with control characters (a newline) escaped.
+std::string quoted(const data::Vocab& vocab, int64_t token) {
+  return "'" + io::printable(vocab.decode_one(token), io::Escape::controls) + "'";
+}
+
+// --show_probs: the token drawn, its probability and the most likely alternatives.
+std::string describe_step(const data::Vocab& vocab, int64_t token, const torch::Tensor& probs) {  // probs (V,)
+  auto [p, ids] = probs.topk(std::min<int64_t>(4, probs.size(0)));
+  std::string alternatives;
+  for (int64_t i = 0, shown = 0; i < p.size(0) && shown < 3; ++i) {
+    const int64_t id = ids[i].item<int64_t>();
+    if (id == token || p[i].item<double>() <= 0.0) continue;
+    alternatives += fmt::format("{}{} {:.3f}", shown++ ? ", " : "", quoted(vocab, id), p[i].item<double>());
+  }
+  return fmt::format("{:>8} {:.3f}  {}\n", quoted(vocab, token), probs[token].item<double>(), alternatives);
+}
+
 // Tracks one sample's generated text and whether it has reached the stop string.
 struct SampleText {
   std::string text;
+  std::string probs;  // --show_probs: one line per generated token
   bool done = false;
   void add(const std::string& piece, const std::string& stop) {
     if (done) return;
@@ -85,18 +112,51 @@ struct SampleText {
   }
 };
 
+// --beam=K: the K most probable continuations, best first, each with its log-probability.
+void run_beam(const SampleArgs& a, train::LoadedModel& loaded, const std::vector<int64_t>& prompt,
+              const std::string& prompt_text) {
+  model::BeamOptions options;
+  options.width = a.beam;
+  options.length_normalize = a.length_norm;
+  options.exact_window = a.exact_window;
+  const size_t P = prompt.size();
+  auto generated_text = [&](const std::vector<int64_t>& tokens) {
+    SampleText text;
+    for (size_t i = P; i < tokens.size() && !text.done; ++i) text.add(loaded.vocab.decode_one(tokens[i]), a.stop);
+    return text;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto beams = model::beam_search(loaded.model, prompt, a.max_new_tokens, options,
+                                  [&](const std::vector<int64_t>& tokens) { return generated_text(tokens).done; });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (size_t i = 0; i < beams.size(); ++i) {
+    const auto& beam = beams[i];
+    std::string shown = prompt_text + generated_text(beam.tokens).text;
+    shown += fmt::format("\n[beam {}/{}] log-probability {:.4f} over {} tokens ({:.4f} per token)", i + 1, beams.size(),
+                         beam.log_prob, beam.generated, beam.log_prob / std::max<int64_t>(1, beam.generated));
+    std::fwrite(shown.data(), 1, shown.size(), stdout);
+    std::fputs("\n---------------\n", stdout);
+  }
+  std::fflush(stdout);
+  std::fprintf(stderr, "[sample] beam search, %lld beams, %lld new tokens in %.2f s\n", static_cast<long long>(a.beam),
+               static_cast<long long>(a.max_new_tokens), seconds);
+}
+
 void run_sample(const SampleArgs& a) {
   check(a);
-  runtime::set_threads(a.num_threads);
-  const auto device = runtime::resolve_device(a.device);
-  auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
-  const auto prompt = encode_prompt(a, loaded.vocab);
-  const std::string prompt_text = loaded.vocab.decode(prompt);
   model::SamplingOptions options;
   options.temperature = a.temperature;
   options.top_k = a.top_k;
   options.top_p = a.top_p;
   options.use_cache = !a.no_cache;
+  options.exact_window = a.exact_window;
+  options.validate();
+  runtime::set_threads(a.num_threads);
+  const auto device = runtime::resolve_device(a.device);
+  auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
+  const auto prompt = encode_prompt(a, loaded.vocab);
+  const std::string prompt_text = loaded.vocab.decode(prompt);
+  if (a.beam > 0) return run_beam(a, loaded, prompt, prompt_text);
   std::mt19937_64 rng(static_cast<uint64_t>(a.seed));
   torch::manual_seed(static_cast<uint64_t>(a.seed));
 
@@ -115,10 +175,11 @@ void run_sample(const SampleArgs& a) {
       std::fwrite(prompt_text.data(), 1, prompt_text.size(), stdout);
       std::fflush(stdout);
     }
-    model::generate(loaded.model, prompt, per_round, a.max_new_tokens, options, rng, [&](const std::vector<int64_t>& tokens) {
+    auto on_token = [&](const std::vector<int64_t>& tokens, const torch::Tensor& probs) {
       bool all_done = true;
       for (size_t b = 0; b < tokens.size(); ++b) {
         if (texts[b].done) continue;
+        if (a.show_probs) texts[b].probs += describe_step(loaded.vocab, tokens[b], probs[b]);
         const size_t before = texts[b].text.size();
         texts[b].add(loaded.vocab.decode_one(tokens[b]), a.stop);
         ++generated;
@@ -129,12 +190,12 @@ void run_sample(const SampleArgs& a) {
         all_done = all_done && texts[b].done;
       }
       return !all_done;
-    });
+    };
+    model::generate(loaded.model, prompt, per_round, a.max_new_tokens, options, rng, on_token);
     for (auto& t : texts) {
-      if (a.stream)
-        print_sample("");
-      else
-        print_sample(prompt_text + t.text);
+      std::string shown = a.stream ? "" : prompt_text + t.text;
+      if (a.show_probs) shown += "\n[probs]    token     p  most likely alternatives\n" + t.probs;
+      print_sample(shown);
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -164,7 +225,20 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--stop", a->stop, "End a sample right after this string (e.g. a blank line, or 。)");
   cmd->add_flag("--stream", a->stream, "Print characters as they are generated");
   cmd->add_flag("--batch", a->batch, "Generate all samples together as one batch (faster; no streaming)");
-  cmd->add_flag("--no_cache", a->no_cache, "Recompute the whole context for every token (nanoGPT's way; for comparison)");
+  cmd->add_flag("--no_cache", a->no_cache,
+                "No KV cache: run the model over the whole context (the last block_size tokens) for every new token, as "
+                "nanoGPT's sample.py does; the same samples as --exact_window, slower (for comparison)");
+  cmd->add_flag("--exact_window", a->exact_window,
+                "RoPE models past block_size: recompute the last block_size tokens for every new token (sample.py's "
+                "logits) instead of sliding the KV cache (O(1) per token; deeper layers keep older context)");
+  cmd->add_option("--beam", a->beam,
+                  "Beam search with K beams instead of sampling: prints the K most probable continuations, best first, "
+                  "with their log-probabilities (1 = greedy; temperature, top-k and top-p do not apply)")
+      ->capture_default_str();
+  cmd->add_flag("--length_norm", a->length_norm,
+                "Beam search: rank by log-probability per token instead of the total (matters when --stop ends beams early)");
+  cmd->add_flag("--show_probs", a->show_probs,
+                "After each sample, list every generated token with its probability and the likeliest alternatives");
   cmd->add_flag("--skip_unknown", a->skip_unknown, "Drop prompt characters that are not in the vocabulary (with a warning)");
   for (auto* option : cmd->get_options()) option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // later wins
   cmd->callback([a] { run_sample(*a); });

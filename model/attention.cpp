@@ -1,9 +1,13 @@
 // Causal self-attention (see attention.h).
 #include "model/attention.h"
 
+#include <ATen/autocast_mode.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 #include "model/fast/decode_attention.h"
 #include "model/fast/linear.h"
@@ -64,21 +68,23 @@ torch::Tensor CausalSelfAttentionImpl::math_attention(const torch::Tensor& q, co
                                                       torch::Tensor* weights_out) {
   const int64_t B = q.size(0), nh = q.size(1), T = q.size(2), Tk = k.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_size_));
-  auto q3 = q.reshape({B * nh, T, head_size_});                      // (B*nh, T, hs)
-  auto kt = k.reshape({B * nh, Tk, head_size_}).transpose(1, 2);     // (B*nh, hs, Tk)
+  auto q3 = q.reshape({B * nh, T, head_size_});                   // (B*nh, T, hs)
+  auto kt = k.reshape({B * nh, Tk, head_size_}).transpose(1, 2);  // (B*nh, hs, Tk)
   torch::Tensor att;
   if (T > 1) {
-    // mask + scale * Q Kᵀ in one kernel: the causal mask is an additive 0 / -inf bias, so hidden
-    // keys get exactly zero weight after the softmax.
+    // Score and mask in one kernel: scale * Q Kᵀ plus the causal mask as an additive 0 / -inf bias,
+    // so hidden keys get exactly zero weight after the softmax.
     auto bias = causal_bias(start_pos, T, Tk, q.device()).to(q.scalar_type());  // bf16 when the model runs in bf16
-    att = torch::baddbmm(bias, q3, kt, /*beta=*/1.0, /*alpha=*/scale);
+    att = torch::baddbmm(bias, q3, kt, /*beta=*/1.0, /*alpha=*/scale);       // (B*nh, T, Tk)
   } else {  // one new query sees every cached key: nothing to mask
     att = torch::bmm(q3, kt) * scale;
   }
-  att = torch::softmax(att.view({B, nh, T, Tk}), -1);  // (B, nh, T, Tk), rows sum to 1
+  // Softmax in fp32 whatever the scores' dtype (bf16 under autocast), as PyTorch's autocast does:
+  // a bf16 exp and sum over a long row loses the small weights.
+  att = torch::softmax(att.view({B, nh, T, Tk}), -1, torch::kFloat);  // (B, nh, T, Tk), rows sum to 1
   if (weights_out) *weights_out = att;
   att = attn_dropout(att);
-  return att.matmul(v);  // (B, nh, T, hs)
+  return att.to(v.scalar_type()).matmul(v);  // (B, nh, T, hs): each query's weighted mix of values
 }
 
 void CausalSelfAttentionImpl::ensure_cache(torch::Tensor& cache, int64_t B, const torch::TensorOptions& options,
@@ -87,7 +93,8 @@ void CausalSelfAttentionImpl::ensure_cache(torch::Tensor& cache, int64_t B, cons
       cache.device() == options.device())
     return;
   auto buffer = torch::empty({B, n_kv_head_, block_size_, head_size_}, options);  // (B, nkv, block, hs)
-  if (start_pos > 0) buffer.narrow(2, 0, start_pos).copy_(cache.narrow(2, 0, start_pos));
+  const int64_t filled = std::min(start_pos, block_size_);                        // slots holding earlier positions
+  if (filled > 0) buffer.narrow(2, 0, filled).copy_(cache.narrow(2, 0, filled));
   cache = buffer;
 }
 
@@ -109,49 +116,68 @@ std::pair<torch::Tensor, torch::Tensor> CausalSelfAttentionImpl::qkv_weights() {
   return {w, b};
 }
 
+bool CausalSelfAttentionImpl::decodes_on_cpu(const torch::Tensor& x, const AttentionContext& ctx) const {
+  return x.size(1) == 1 && ctx.k_cache && !ctx.weights && !is_training() && x.device().is_cpu() &&
+         !torch::GradMode::is_enabled() && !at::autocast::is_autocast_enabled(at::kCPU) &&
+         x.scalar_type() == torch::kFloat;
+}
+
+torch::Tensor CausalSelfAttentionImpl::decode_one_token(const torch::Tensor& x, const AttentionContext& ctx) {
+  const int64_t B = x.size(0);
+  auto [w, b] = qkv_weights();
+  auto qkv = dense(x, w, b).contiguous();  // (B, 1, (nh + 2 nkv) hs)
+  ensure_cache(*ctx.k_cache, B, qkv.options(), ctx.start_pos);
+  ensure_cache(*ctx.v_cache, B, qkv.options(), ctx.start_pos);
+  const float* cos2 = ctx.rope ? ctx.rope->cos2_row(ctx.start_pos) : nullptr;
+  const float* sin2 = ctx.rope ? ctx.rope->sin2_row(ctx.start_pos) : nullptr;
+  auto y = decode_attention(qkv, *ctx.k_cache, *ctx.v_cache, ctx.start_pos, n_head_, n_kv_head_, cos2, sin2);  // (B, 1, C)
+  return resid_dropout(dense(y, c_proj->weight, c_proj->bias));
+}
+
+std::pair<torch::Tensor, torch::Tensor> CausalSelfAttentionImpl::append_to_cache(const torch::Tensor& k,
+                                                                                 const torch::Tensor& v,
+                                                                                 const AttentionContext& ctx) {
+  const int64_t B = k.size(0), T = k.size(2), slot = ctx.start_pos % block_size_;
+  TORCH_CHECK(slot + T <= block_size_, "append_to_cache: ", T, " positions from ", ctx.start_pos,
+              " would wrap around the cache's ", block_size_, " slots (only one token at a time may)");
+  ensure_cache(*ctx.k_cache, B, k.options(), ctx.start_pos);
+  ensure_cache(*ctx.v_cache, B, v.options(), ctx.start_pos);
+  ctx.k_cache->narrow(2, slot, T).copy_(k);
+  ctx.v_cache->narrow(2, slot, T).copy_(v);
+  const int64_t Tk = std::min(ctx.start_pos + T, block_size_);  // every filled slot
+  return {ctx.k_cache->narrow(2, 0, Tk), ctx.v_cache->narrow(2, 0, Tk)};  // (B, nkv, Tk, hs) each
+}
+
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const AttentionContext& ctx) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  // Q, K and V are three projections; computing them as one GEMM over the concatenated weights
-  // is the same arithmetic with one kernel (and one bf16 cast of x under autocast) instead of three.
-  const int64_t kv_width = n_kv_head_ * head_size_;
-  auto [w, b] = qkv_weights();  // (C + 2 kv, C), (C + 2 kv) or undefined
-  // split (not narrow): its backward is one concatenation instead of a zero-filled full-size
-  // gradient per slice.
-  auto qkv_all = dense(x, w, b);  // (B, T, C + 2 kv)
-  if (T == 1 && ctx.k_cache && !ctx.weights && !is_training() && qkv_all.device().is_cpu() &&
-      qkv_all.scalar_type() == torch::kFloat && !torch::GradMode::is_enabled()) {
-    // Decoding one token on the CPU: the same arithmetic as below in one pass (decode_attention.h).
-    ensure_cache(*ctx.k_cache, B, qkv_all.options(), ctx.start_pos);
-    ensure_cache(*ctx.v_cache, B, qkv_all.options(), ctx.start_pos);
-    const float* cos2 = ctx.rope ? ctx.rope->cos2_row(ctx.start_pos) : nullptr;
-    const float* sin2 = ctx.rope ? ctx.rope->sin2_row(ctx.start_pos) : nullptr;
-    auto y = decode_attention(qkv_all.contiguous(), *ctx.k_cache, *ctx.v_cache, ctx.start_pos, n_head_, n_kv_head_,
-                              cos2, sin2);  // (B, 1, C)
-    return resid_dropout(dense(y, c_proj->weight, c_proj->bias));
-  }
-  auto qkv = qkv_all.split_with_sizes({C + kv_width, kv_width}, -1);  // (B, T, ·)
-  auto qk = qkv[0].view({B, T, n_head_ + n_kv_head_, head_size_});  // (B, T, nh + nkv, hs)
-  if (ctx.rope) qk = ctx.rope->apply(qk, ctx.start_pos);          // q and k rotated together
+  if (decodes_on_cpu(x, ctx)) return decode_one_token(x, ctx);
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), kv_width = n_kv_head_ * head_size_;
+
+  // 1. Project: Q, K and V are three projections, computed as one GEMM over the concatenated
+  //    weights (the same arithmetic, one kernel); split, not narrow, so that the backward is one
+  //    concatenation.
+  auto [w, b] = qkv_weights();                                          // (C + 2 kv, C), (C + 2 kv)
+  auto qkv = dense(x, w, b).split_with_sizes({C + kv_width, kv_width}, -1);  // [q k], v: (B, T, ·)
+  auto qk = qkv[0].view({B, T, n_head_ + n_kv_head_, head_size_});      // (B, T, nh + nkv, hs)
+  auto v = qkv[1].view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
+
+  // 2. Rotate: RoPE turns q and k by their positions (both at once), so scores depend on offsets.
+  if (ctx.rope) qk = ctx.rope->apply(qk, ctx.start_pos);
   auto q_k = qk.split_with_sizes({n_head_, n_kv_head_}, 2);
-  auto q = q_k[0].transpose(1, 2);                                             // (B, nh, T, hs)
-  auto k = q_k[1].transpose(1, 2);                                             // (B, nkv, T, hs)
-  auto v = qkv[1].view({B, T, n_kv_head_, head_size_}).transpose(1, 2);        // (B, nkv, T, hs)
-  if (ctx.k_cache) {  // write this step's keys/values into the cache and attend over all of them
-    const int64_t end = ctx.start_pos + T;
-    for (auto [cache, fresh] : {std::pair<torch::Tensor*, torch::Tensor*>{ctx.k_cache, &k}, {ctx.v_cache, &v}}) {
-      ensure_cache(*cache, B, fresh->options(), ctx.start_pos);
-      cache->narrow(2, ctx.start_pos, T).copy_(*fresh);
-      *fresh = cache->narrow(2, 0, end);  // (B, nkv, Tk, hs)
-    }
-  }
-  // LibTorch's fused CPU kernel has no dropout: with attention dropout in training, SDPA falls back
-  // to its own math kernel and LibTorch's Bernoulli mask (~0.4 s per 25M values), so `auto` takes
-  // our math path there (full preset on the CPU: 12.7 vs 10.1 s/iter).
+  auto q = q_k[0].transpose(1, 2);  // (B, nh, T, hs)
+  auto k = q_k[1].transpose(1, 2);  // (B, nkv, T, hs)
+
+  // Decoding: keys and values of earlier positions come from the cache.
+  if (ctx.k_cache) std::tie(k, v) = append_to_cache(k, v, ctx);  // (B, nkv, Tk, hs)
+
+  // 3-6. Score, mask, softmax, weigh. The math path spells them out; LibTorch's fused kernels
+  //      (scaled_dot_product_attention) compute the same without materialising the (T, Tk) scores.
+  //      Its fused CPU kernel has no dropout: with attention dropout in training SDPA falls back to
+  //      its own math kernel and LibTorch's Bernoulli mask (~0.4 s per 25M values), so `auto` takes
+  //      our math path there (full preset on the CPU: 12.7 vs 10.1 s/iter).
   const bool cpu_dropout = x.device().is_cpu() && is_training() && dropout_ > 0.0;
   const bool fused = !ctx.weights && (attention_ == "sdpa" || (attention_ == "auto" && !cpu_dropout));
   torch::Tensor y;
   if (fused) {
-    // LibTorch's fused kernels; grouped-query heads are shared inside the kernel, not copied.
     const int64_t Tk = k.size(2);
     const bool plain_causal = T == Tk;  // no cached prefix: the kernel's own causal mask fits
     auto mask = (plain_causal || T == 1) ? torch::Tensor() : causal_mask(ctx.start_pos, T, Tk, x.device());
@@ -163,7 +189,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
     }
     y = math_attention(q, k, v, ctx.start_pos, ctx.weights);  // (B, nh, T, hs)
   }
-  y = y.transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C): heads side by side
+
+  // 7. Project: heads side by side, then the output projection.
+  y = y.transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C)
   return resid_dropout(dense(y, c_proj->weight, c_proj->bias));
 }
 

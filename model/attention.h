@@ -19,7 +19,7 @@ namespace nanogpt::model {
 struct AttentionContext {
   int64_t start_pos = 0;             // absolute position of x's first token
   Rope* rope = nullptr;              // rotary tables when pos_encoding == rope
-  torch::Tensor* k_cache = nullptr;  // (B, nkv, block_size, hs) buffer, filled at start_pos; nullptr = no cache
+  torch::Tensor* k_cache = nullptr;  // (B, nkv, block_size, hs) ring: position p in slot p % block_size; nullptr = no cache
   torch::Tensor* v_cache = nullptr;
   torch::Tensor* weights = nullptr;  // receives (B, nh, T, Tk) softmax weights (forces the math path)
 };
@@ -28,7 +28,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const ModelConfig& config);
 
-  /// x (B, T, C) -> (B, T, C).
+  /// x (B, T, C) -> (B, T, C): project, rotate, score, mask, softmax, weigh, project.
+  /// With a cache, positions start_pos .. start_pos + T - 1 are appended to it and attend to every
+  /// position it holds (at most the last block_size). Only a single token may wrap around the ring:
+  /// past block_size the oldest position makes room (a sliding window, for RoPE; see generate.h).
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& ctx = {});
 
   torch::nn::Linear q_proj{nullptr};  // C -> nh * hs
@@ -42,12 +45,20 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   void freeze_qkv_weights(bool frozen);
 
  private:
+  /// One token per sequence, decoding on the CPU in fp32 without autograd: the same arithmetic as
+  /// forward in one pass (model/fast/decode_attention.h).
+  bool decodes_on_cpu(const torch::Tensor& x, const AttentionContext& ctx) const;
+  torch::Tensor decode_one_token(const torch::Tensor& x, const AttentionContext& ctx);
+  /// Writes k, v (B, nkv, T, hs) into the cache's slots and returns every filled slot, (B, nkv, Tk, hs).
+  std::pair<torch::Tensor, torch::Tensor> append_to_cache(const torch::Tensor& k, const torch::Tensor& v,
+                                                          const AttentionContext& ctx);
+  /// Score, mask, softmax, weigh: softmax(Q Kᵀ / √hs + causal mask) V, step by step (the lesson).
   torch::Tensor math_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                int64_t start_pos, torch::Tensor* weights_out);
   torch::Tensor causal_mask(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device);  // (T, Tk) bool
   std::pair<torch::Tensor, torch::Tensor> qkv_weights();  // [W_q; W_k; W_v] and the biases, or undefined
   torch::Tensor causal_bias(int64_t start_pos, int64_t T, int64_t Tk, torch::Device device);  // (T, Tk) 0 / -inf
-  /// Makes `cache` a (B, nkv, block, hs) buffer of `options`, keeping positions < start_pos.
+  /// Makes `cache` a (B, nkv, block, hs) buffer of `options`, keeping the slots filled before start_pos.
   void ensure_cache(torch::Tensor& cache, int64_t B, const torch::TensorOptions& options, int64_t start_pos);
 
   int64_t n_head_, n_kv_head_, head_size_, block_size_;

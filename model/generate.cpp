@@ -1,10 +1,92 @@
 // Sampling (see generate.h).
 #include "model/generate.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 namespace nanogpt::model {
+namespace {
+
+// Eval mode and frozen Q/K/V weights for a sampling call; the model as it was on every exit.
+class SamplingMode {
+ public:
+  explicit SamplingMode(GPT& model) : model_(model), was_training_(model->is_training()) {
+    model_->eval();
+    model_->freeze_qkv_weights(true);
+  }
+  ~SamplingMode() {
+    model_->freeze_qkv_weights(false);
+    model_->train(was_training_);
+  }
+  SamplingMode(const SamplingMode&) = delete;
+  SamplingMode& operator=(const SamplingMode&) = delete;
+
+ private:
+  GPT& model_;
+  bool was_training_;
+};
+
+// The logits of the next token of each row of `seq` (B, total) from the last block_size tokens,
+// through the KV cache: one new position on top of the cache while that is what a recompute
+// would see (within block_size; past it with RoPE's sliding window), else a prefill of the window.
+class ContextRunner {
+ public:
+  ContextRunner(GPT& model, bool sliding)
+      : model_(model), cache_(model->make_cache()), block_(model->config().block_size), sliding_(sliding) {}
+
+  torch::Tensor next_logits(const torch::Tensor& seq, int64_t step) {
+    const int64_t total = seq.size(1);
+    torch::Tensor logits;
+    if (primed_ && (sliding_ || total <= block_)) {
+      logits = model_->forward_cached(seq.narrow(1, total - 1, 1), cache_);  // (B, V)
+    } else {  // the first step, or a window that moved: (re)fill the cache with the whole window
+      cache_.clear();
+      logits = model_->forward_cached(window(seq), cache_);
+      primed_ = true;
+    }
+    return checked(logits, step);
+  }
+
+  /// Without the cache: the whole window, every time (nanoGPT's sample.py).
+  torch::Tensor recompute(const torch::Tensor& seq, int64_t step) {
+    return checked(model_->forward(window(seq)).first.select(1, 0), step);
+  }
+
+  /// Keeps the cache rows `rows` (a beam search's survivors), in that order.
+  void select_rows(const torch::Tensor& rows) {
+    for (auto* layer : {&cache_.k, &cache_.v})
+      for (auto& t : *layer)
+        if (t.defined()) t = t.index_select(0, rows.to(t.device()));
+  }
+
+ private:
+  torch::Tensor window(const torch::Tensor& seq) const {
+    const int64_t start = std::max<int64_t>(0, seq.size(1) - block_);  // the last block_size tokens
+    return seq.narrow(1, start, seq.size(1) - start);
+  }
+  static torch::Tensor checked(const torch::Tensor& logits, int64_t step) {
+    if (!torch::isfinite(logits).all().item<bool>())
+      throw std::runtime_error(fmt::format(
+          "[sample] the model gave non-finite logits (NaN or inf) for new token {}: its weights are damaged or "
+          "training diverged (check the run's val loss; sample an earlier checkpoint)",
+          step + 1));
+    return logits;
+  }
+
+  GPT& model_;
+  KVCache cache_;
+  int64_t block_;
+  bool sliding_;
+  bool primed_ = false;
+};
+
+}  // namespace
 
 torch::Tensor filtered_probs(const torch::Tensor& logits, const SamplingOptions& options) {
   auto x = logits.to(torch::kFloat);  // (..., V)
@@ -51,11 +133,12 @@ int64_t draw_token(const torch::Tensor& probs, std::mt19937_64& rng) {
   return last_nonzero;  // u landed on the rounding slack at the very end
 }
 
-int64_t window_start(int64_t total, int64_t block_size) {
-  if (total <= block_size) return 0;
-  const int64_t keep = std::max<int64_t>(1, block_size / 2);  // tokens kept when the window restarts
-  const int64_t period = block_size + 1 - keep;             // the window restarts every `period` tokens
-  return (total - keep) / period * period;
+void SamplingOptions::validate() const {
+  auto bad = [](const std::string& what) { throw std::invalid_argument("[sample] " + what); };
+  if (!(std::isfinite(temperature) && temperature >= 0.0))
+    bad(fmt::format("temperature must be a number >= 0 (0 = greedy), got {}", temperature));
+  if (top_k < 0) bad(fmt::format("top_k must be >= 0 (0 = off), got {}", top_k));
+  if (!(top_p > 0.0 && top_p <= 1.0)) bad(fmt::format("top_p must be in (0, 1] (1 = off), got {}", top_p));
 }
 
 std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t batch,
@@ -63,37 +146,23 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t
                                            std::mt19937_64& rng, const TokenCallback& on_token) {
   if (prompt.empty()) throw std::invalid_argument("[sample] the prompt must hold at least one token");
   if (batch < 1) throw std::invalid_argument("[sample] batch must be >= 1");
+  options.validate();
   c10::InferenceMode inference;
-  model->eval();
-  struct Frozen {  // Q/K/V weights concatenated once for the whole call, released on every exit
-    GPT& model;
-    explicit Frozen(GPT& m) : model(m) { model->freeze_qkv_weights(true); }
-    ~Frozen() { model->freeze_qkv_weights(false); }
-  } frozen(model);
+  SamplingMode sampling(model);
   const auto device = model->parameters().front().device();
-  const int64_t block = model->config().block_size;
+  const bool sliding = !options.exact_window && model->config().pos_encoding == "rope";
   const int64_t P = static_cast<int64_t>(prompt.size());
   auto seq = torch::empty({batch, P + max_new_tokens}, torch::kLong);  // (B, P + N) on the CPU
   for (int64_t b = 0; b < batch; ++b)
     std::copy(prompt.begin(), prompt.end(), seq[b].data_ptr<int64_t>());
   auto on_device = seq.to(device);  // mirrors `seq`; new tokens are written into both
 
-  KVCache cache = model->make_cache();
-  int64_t cache_start = -1;  // window start the cache holds, -1 = empty
+  ContextRunner runner(model, sliding);
   std::vector<int64_t> new_tokens(batch);
   int64_t total = P;
   for (int64_t step = 0; step < max_new_tokens; ++step, ++total) {
-    const int64_t start = window_start(total, block);
-    torch::Tensor logits;  // (B, V)
-    if (!options.use_cache) {
-      logits = model->forward(on_device.narrow(1, start, total - start)).first.select(1, 0);
-    } else if (start != cache_start) {  // (re)fill the cache with the whole window
-      cache.clear();
-      cache_start = start;
-      logits = model->forward_cached(on_device.narrow(1, start, total - start), cache);
-    } else {  // the window only grew by the last token
-      logits = model->forward_cached(on_device.narrow(1, total - 1, 1), cache);
-    }
+    auto logits = options.use_cache ? runner.next_logits(on_device.narrow(1, 0, total), step)
+                                    : runner.recompute(on_device.narrow(1, 0, total), step);  // (B, V)
     auto probs = filtered_probs(logits, options).to(torch::kCPU);  // (B, V)
     int64_t* rows = seq.data_ptr<int64_t>();
     for (int64_t b = 0; b < batch; ++b) {
@@ -101,7 +170,7 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t
       rows[b * seq.size(1) + total] = new_tokens[b];
     }
     on_device.narrow(1, total, 1).copy_(seq.narrow(1, total, 1));
-    if (on_token && !on_token(new_tokens)) {
+    if (on_token && !on_token(new_tokens, probs)) {
       ++total;
       break;
     }
@@ -112,6 +181,54 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t
     out[b].assign(row, row + total);
   }
   return out;
+}
+
+
+std::vector<Beam> beam_search(GPT& model, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                              const BeamOptions& options, const std::function<bool(const std::vector<int64_t>&)>& finished) {
+  if (prompt.empty()) throw std::invalid_argument("[sample] the prompt must hold at least one token");
+  if (options.width < 1) throw std::invalid_argument(fmt::format("[sample] beam width must be >= 1, got {}", options.width));
+  c10::InferenceMode inference;
+  SamplingMode sampling(model);
+  const auto device = model->parameters().front().device();
+  ContextRunner runner(model, !options.exact_window && model->config().pos_encoding == "rope");
+  std::vector<Beam> active{Beam{prompt, 0.0, 0}}, done;
+  for (int64_t step = 0; step < max_new_tokens && !active.empty(); ++step) {
+    const int64_t K = static_cast<int64_t>(active.size()), total = static_cast<int64_t>(active[0].tokens.size());
+    auto seq = torch::empty({K, total}, torch::kLong);  // (K, total): every active beam has the same length
+    for (int64_t b = 0; b < K; ++b) std::copy(active[b].tokens.begin(), active[b].tokens.end(), seq[b].data_ptr<int64_t>());
+    auto log_probs = torch::log_softmax(runner.next_logits(seq.to(device), step).to(torch::kFloat), -1).to(torch::kCPU);
+    std::vector<double> so_far(K);
+    for (int64_t b = 0; b < K; ++b) so_far[b] = active[b].log_prob;
+    auto totals = log_probs.to(torch::kDouble) + torch::tensor(so_far, torch::kDouble).unsqueeze(1);  // (K, V)
+    const int64_t V = totals.size(1);
+    // Twice the width, so that beams which finish now still leave `width` to go on.
+    auto [best, flat] = totals.view({-1}).topk(std::min<int64_t>(2 * options.width, K * V));
+    std::vector<Beam> next;
+    std::vector<int64_t> parents;
+    for (int64_t i = 0; i < best.size(0) && static_cast<int64_t>(next.size()) < options.width; ++i) {
+      const int64_t index = flat[i].item<int64_t>(), parent = index / V;
+      Beam beam = active[parent];
+      beam.tokens.push_back(index % V);
+      beam.log_prob = best[i].item<double>();
+      ++beam.generated;
+      if (finished && finished(beam.tokens)) {
+        done.push_back(std::move(beam));
+      } else {
+        next.push_back(std::move(beam));
+        parents.push_back(parent);
+      }
+    }
+    if (static_cast<int64_t>(done.size()) >= options.width) break;
+    if (!next.empty()) runner.select_rows(torch::tensor(parents, torch::kLong));
+    active = std::move(next);
+  }
+  for (auto& beam : active) done.push_back(std::move(beam));
+  std::stable_sort(done.begin(), done.end(), [&](const Beam& a, const Beam& b) {
+    return a.score(options.length_normalize) > b.score(options.length_normalize);
+  });
+  if (static_cast<int64_t>(done.size()) > options.width) done.resize(options.width);
+  return done;
 }
 
 }  // namespace nanogpt::model

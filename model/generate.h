@@ -1,12 +1,19 @@
 // Autoregressive sampling: temperature, top-k, top-p (nucleus), with or without the KV cache.
 //
-// Context longer than block_size: the model only ever sees a window of the last tokens. Re-running
-// the last block_size tokens for every new token (nanoGPT's sample.py) would defeat the cache, so
-// the window slides in chunks: it starts at 0 until the sequence outgrows block_size; then, each
-// time it would exceed block_size, it restarts at the last block_size / 2 tokens (one prefill).
-// Every token is thus predicted from between block_size / 2 and block_size tokens of context.
-// window_start() defines the rule; the cached and the uncached paths both follow it, so they
-// produce the same logits and, for the same seed, the same tokens.
+// Context longer than block_size. nanoGPT's sample.py predicts every token from exactly the last
+// block_size tokens, recomputed from scratch. What we do depends on the position encoding:
+//  - learned, sinusoidal (and `exact_window`): the same. Once the sequence outgrows block_size, every
+//    new token re-runs the last block_size tokens (one prefill of the cache per token), so it costs
+//    a whole window's forward instead of one position's.
+//  - rope: the KV cache slides. It keeps the last block_size positions and each new token
+//    overwrites the oldest (model/kv_cache.h); positions keep counting, and because a RoPE score
+//    depends only on the offset between query and key, the first layer computes exactly what a
+//    recompute of the last block_size tokens would, at one position's cost. Deeper layers differ:
+//    an old token's cached key was computed when its own window reached further back, so it carries
+//    context from tokens that a recompute would no longer see (as in Transformer-XL). The logits are
+//    therefore close to, not equal to, sample.py's for a model of more than one layer
+//    (README "Sampling past block_size" gives the measured difference); `exact_window` gives sample.py's.
+// Without the cache (`use_cache = false`) every token is a recompute of the last block_size tokens.
 #pragma once
 
 #include <torch/torch.h>
@@ -25,6 +32,10 @@ struct SamplingOptions {
   int64_t top_k = 200;       // keep the k most likely tokens; 0 = off
   double top_p = 1.0;        // keep the smallest set whose probability reaches top_p; 1 = off
   bool use_cache = true;     // KV cache (fast) or full recompute (nanoGPT's sample.py)
+  bool exact_window = false; // RoPE past block_size: recompute the last block_size tokens instead of sliding
+
+  /// Throws std::invalid_argument ("[sample] ...") naming the first bad field.
+  void validate() const;
 };
 
 /// Probabilities after temperature, top-k and top-p, renormalised along the last dim.
@@ -34,17 +45,42 @@ torch::Tensor filtered_probs(const torch::Tensor& logits, const SamplingOptions&
 /// Draws one token from `probs` (V, fp32/64, CPU) by inverse CDF with a uniform from `rng`.
 int64_t draw_token(const torch::Tensor& probs, std::mt19937_64& rng);
 
-/// Where the model's context window starts when `total` tokens exist (prompt + generated) and the
-/// next token is being predicted. Shared by the cached and uncached paths.
-int64_t window_start(int64_t total, int64_t block_size);
-
-/// Called after every step with the new token of each sequence (B). Return false to stop early.
-using TokenCallback = std::function<bool(const std::vector<int64_t>& new_tokens)>;
+/// Called after every step with the new token of each sequence (B) and the distribution each was
+/// drawn from, (B, V) fp32 on the CPU (after temperature, top-k and top-p). Return false to stop early.
+using TokenCallback = std::function<bool(const std::vector<int64_t>& new_tokens, const torch::Tensor& probs)>;
 
 /// Generates max_new_tokens for `batch` copies of `prompt` (non-empty token ids) in one batch.
-/// Returns the full sequences (prompt + generated), one per row. Runs under InferenceMode.
+/// Returns the full sequences (prompt + generated), one per row. Runs under InferenceMode in eval
+/// mode and leaves the model in the mode it found it. Non-finite logits are an error
+/// (std::runtime_error), never a token.
 std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t batch,
                                            int64_t max_new_tokens, const SamplingOptions& options,
                                            std::mt19937_64& rng, const TokenCallback& on_token = nullptr);
+
+/// One result of beam search.
+struct Beam {
+  std::vector<int64_t> tokens;  // prompt + generated
+  double log_prob = 0.0;        // sum of the generated tokens' log-probabilities (the model's, temperature 1)
+  int64_t generated = 0;        // tokens generated
+  /// What beams are ranked by: log_prob, or log_prob per generated token when length-normalised.
+  double score(bool length_normalize) const {
+    return length_normalize && generated > 0 ? log_prob / static_cast<double>(generated) : log_prob;
+  }
+};
+
+struct BeamOptions {
+  int64_t width = 4;              // beams kept at every step; 1 = greedy
+  bool length_normalize = false;  // rank finished beams by mean log-probability per token
+  bool exact_window = false;      // as SamplingOptions::exact_window
+};
+
+/// Beam search: at every step each of the `width` best partial sequences is extended by every
+/// token, and the `width` most probable extensions (total log-probability) are kept. A beam for
+/// which `finished(tokens)` holds (e.g. it reached a stop string) stops growing; the search ends when
+/// `width` beams have finished or after max_new_tokens. Returns up to `width` beams, best first.
+/// The KV cache holds one row per beam and is reordered as beams are kept.
+std::vector<Beam> beam_search(GPT& model, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                              const BeamOptions& options,
+                              const std::function<bool(const std::vector<int64_t>&)>& finished = nullptr);
 
 }  // namespace nanogpt::model

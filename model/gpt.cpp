@@ -1,10 +1,12 @@
 // GPT (see gpt.h): embeddings -> blocks -> ln_f -> tied head.
 #include "model/gpt.h"
 
-#include "model/fast/linear.h"
+#include <fmt/format.h>
 
 #include <cmath>
 #include <stdexcept>
+
+#include "model/fast/linear.h"
 
 namespace nanogpt::model {
 
@@ -47,9 +49,12 @@ void GPTImpl::init_weights() {
 
 torch::Tensor GPTImpl::embed(const torch::Tensor& idx, int64_t start_pos) {
   const int64_t T = idx.size(1);
-  if (start_pos + T > config_.block_size)
-    throw std::invalid_argument("[model] sequence of " + std::to_string(start_pos + T) +
-                                " positions exceeds block_size " + std::to_string(config_.block_size));
+  // RoPE has no position table: a cached decode may count past block_size (a sliding window, see
+  // forward_cached); the tables of learned and sinusoidal positions end at block_size.
+  const int64_t last = rope_ ? T : start_pos + T;
+  if (last > config_.block_size)
+    throw std::invalid_argument(fmt::format("[model] sequence of {} positions exceeds block_size {}",
+                                            start_pos + T, config_.block_size));
   auto x = wte(idx);  // (B, T, C)
   if (wpe) {
     auto pos = torch::arange(start_pos, start_pos + T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
@@ -119,9 +124,14 @@ void GPTImpl::freeze_qkv_weights(bool frozen) {
 
 torch::Tensor GPTImpl::forward_cached(const torch::Tensor& idx_new, KVCache& cache) {
   if (cache.k.size() != h->size()) cache = make_cache();
-  const int64_t start = cache.length();
+  const int64_t start = cache.length(), T = idx_new.size(1);
+  if (start + T > config_.block_size && (!rope_ || T > 1))
+    throw std::invalid_argument(fmt::format(
+        "[model] the KV cache holds {} positions and block_size is {}: {}", start, config_.block_size,
+        rope_ ? "past block_size, add one token at a time (a sliding window)"
+              : "learned and sinusoidal positions end at block_size (clear the cache and recompute the window)"));
   auto x = run_blocks(embed(idx_new, start), start, &cache, nullptr);  // (B, T_new, C)
-  cache.len = start + idx_new.size(1);
+  cache.len = start + T;
   auto last = x.select(1, x.size(1) - 1);                               // (B, C)
   return head(last);                                                     // (B, V)
 }

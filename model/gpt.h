@@ -32,8 +32,9 @@ class GPTImpl : public torch::nn::Module {
   std::vector<torch::Tensor> attention_maps(const torch::Tensor& idx);
 
   /// Incremental decoding: appends idx_new (B, T_new) to the cache and returns the logits of the
-  /// last new position, (B, V). Positions continue from cache.length(); cache.length() + T_new must
-  /// not exceed block_size (the caller slides the window: see model/generate.h).
+  /// last new position, (B, V). Positions continue from cache.length(), up to block_size; with RoPE
+  /// a cache may go on one token at a time past block_size, each new token then replacing the
+  /// oldest one (a sliding window: see model/generate.h).
   torch::Tensor forward_cached(const torch::Tensor& idx_new, KVCache& cache);
 
   /// An empty cache sized for this model.

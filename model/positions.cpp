@@ -1,6 +1,7 @@
 // Sinusoidal and rotary position tables (see positions.h).
 #include "model/positions.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace nanogpt::model {
@@ -13,21 +14,30 @@ torch::Tensor sinusoidal_table(int64_t n_positions, int64_t n_embd) {
   return table.reshape({n_positions, n_embd}).to(torch::kFloat);                        // (P, C): sin, cos interleaved
 }
 
-Rope::Rope(int64_t block_size, int64_t head_size, double base) : half_(head_size / 2) {
-  auto i = torch::arange(half_, torch::kDouble);                                          // (hs/2,)
-  auto theta = torch::pow(base, -2.0 * i / static_cast<double>(head_size));              // (hs/2,)
-  auto angle = torch::arange(block_size, torch::kDouble).unsqueeze(1) * theta;           // (T, hs/2)
-  auto cos = angle.cos(), sin = angle.sin();                                             // (T, hs/2)
-  cos2_ = torch::cat({cos, cos}, -1).to(torch::kFloat).unsqueeze(1);                    // (T, 1, hs)
-  sin2_ = torch::cat({-sin, sin}, -1).to(torch::kFloat).unsqueeze(1);                   // (T, 1, hs)
+Rope::Rope(int64_t block_size, int64_t head_size, double base) : half_(head_size / 2), base_(base) {
+  cover(block_size);
+}
+
+void Rope::cover(int64_t n_positions) {
+  const int64_t have = cos2_.defined() ? cos2_.size(0) : 0;
+  if (n_positions <= have) return;
+  const int64_t rows = std::max(n_positions, 2 * have);
+  auto i = torch::arange(half_, torch::kDouble);                                           // (hs/2,)
+  auto theta = torch::pow(base_, -2.0 * i / static_cast<double>(2 * half_));               // (hs/2,)
+  auto angle = torch::arange(rows, torch::kDouble).unsqueeze(1) * theta;                   // (P, hs/2)
+  auto cos = angle.cos(), sin = angle.sin();                                               // (P, hs/2)
+  cos2_ = torch::cat({cos, cos}, -1).to(torch::kFloat).unsqueeze(1);                      // (P, 1, hs)
+  sin2_ = torch::cat({-sin, sin}, -1).to(torch::kFloat).unsqueeze(1);                     // (P, 1, hs)
+  cos2_cast_ = sin2_cast_ = torch::Tensor();
 }
 
 torch::Tensor Rope::apply(const torch::Tensor& x, int64_t start_pos) {
+  const int64_t T = x.size(1);
+  cover(start_pos + T);
   if (!cos2_cast_.defined() || cos2_cast_.scalar_type() != x.scalar_type() || cos2_cast_.device() != x.device()) {
     cos2_cast_ = cos2_.to(x.device(), x.scalar_type());
     sin2_cast_ = sin2_.to(x.device(), x.scalar_type());
   }
-  const int64_t T = x.size(1);
   auto cos = cos2_cast_.narrow(0, start_pos, T);  // (T, 1, hs)
   auto sin = sin2_cast_.narrow(0, start_pos, T);
   auto halves = x.chunk(2, -1);                                 // x1, x2: (B, T, H, hs/2) each

@@ -17,7 +17,9 @@ namespace nanogpt::model {
 /// The sinusoidal table, (n_positions, C) fp32.
 torch::Tensor sinusoidal_table(int64_t n_positions, int64_t n_embd);
 
-/// Cached cos/sin tables for RoPE, each (block_size, hs/2) fp32, moved to a device on demand.
+/// Cached cos/sin tables for RoPE, fp32, moved to a device on demand. They start with block_size
+/// positions and grow when asked for more: sampling with a sliding window (model/generate.h) keeps
+/// counting positions past block_size.
 class Rope {
  public:
   Rope(int64_t block_size, int64_t head_size, double base);
@@ -27,15 +29,20 @@ class Rope {
   torch::Tensor apply(const torch::Tensor& x, int64_t start_pos);
   /// The fp32 CPU tables' rows for one position, hs values each (cos2 = [cos, cos],
   /// sin2 = [-sin, sin]): for hand-written kernels (decode_attention.h).
-  const float* cos2_row(int64_t pos) const { return cos2_.data_ptr<float>() + pos * 2 * half_; }
-  const float* sin2_row(int64_t pos) const { return sin2_.data_ptr<float>() + pos * 2 * half_; }
+  const float* cos2_row(int64_t pos) { return cover(pos + 1), cos2_.data_ptr<float>() + pos * 2 * half_; }
+  const float* sin2_row(int64_t pos) { return cover(pos + 1), sin2_.data_ptr<float>() + pos * 2 * half_; }
 
  private:
+  /// Makes the tables hold at least n_positions rows (doubling, so growing one position at a time
+  /// is amortised O(1)).
+  void cover(int64_t n_positions);
+
   // out = x * cos2 + rotate_half(x) * sin2, with rotate_half(x) = [x2, x1] and the tables laid out
   // for the whole head: cos2 = [cos, cos], sin2 = [-sin, sin]. Three kernels instead of seven.
-  torch::Tensor cos2_, sin2_;  // (block_size, 1, hs): broadcast over heads, fp32
+  torch::Tensor cos2_, sin2_;  // (positions, 1, hs): broadcast over heads, fp32
   torch::Tensor cos2_cast_, sin2_cast_;  // the same in the dtype/device last asked for
   int64_t half_;
+  double base_;
 };
 
 }  // namespace nanogpt::model

@@ -111,8 +111,19 @@ TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
   EXPECT_NE(a.err.find("tok/s"), std::string::npos);
   auto batched = run(base + "--seed=7 --batch", dir.path);
   EXPECT_EQ(batched.rc, 0) << batched.err;
-  auto nocache = run(base + "--seed=7 --no_cache", dir.path);
-  EXPECT_EQ(nocache.out, a.out);
+  // 40 new tokens past block_size: without the cache, sample.py's recompute, as --exact_window.
+  auto nocache = run(base + "--seed=7 --no_cache", dir.path), exact = run(base + "--seed=7 --exact_window", dir.path);
+  EXPECT_EQ(nocache.out, exact.out);
+  // Beam search prints its beams best first with their log-probabilities; --show_probs a table.
+  auto beams = run(base + "--beam=2", dir.path);
+  ASSERT_EQ(beams.rc, 0) << beams.err;
+  EXPECT_NE(beams.out.find("[beam 1/2] log-probability"), std::string::npos) << beams.out;
+  EXPECT_NE(beams.out.find("[beam 2/2] log-probability"), std::string::npos) << beams.out;
+  auto probs = run(base + "--seed=7 --show_probs --max_new_tokens=5", dir.path);
+  ASSERT_EQ(probs.rc, 0) << probs.err;
+  EXPECT_NE(probs.out.find("[probs]"), std::string::npos) << probs.out;
+  expect_one_error_line(run(base + "--beam=-1", dir.path), "--beam");
+  expect_one_error_line(run(base + "--beam=2 --stream", dir.path), "--beam");
   auto stopped = run(base + "--seed=7 --stop=e --start=T --max_new_tokens=400 --temperature=1", dir.path);
   ASSERT_EQ(stopped.rc, 0);
   const auto first = stopped.out.substr(0, stopped.out.find("\n---------------"));

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 
 #include "model/attention.h"
 #include "runtime/device.h"
@@ -302,38 +303,96 @@ TEST(GPT, FlopsPerTokenFollowsNanoGPT) {
   EXPECT_DOUBLE_EQ(model->flops_per_token(), 6 * N + 12.0 * 2 * 4 * 4 * 8);
 }
 
-// Decoding one token at a time runs model/fast/decode_attention.cpp on the CPU; prompts (several new
-// tokens) run the general path: both must give the full forward's logits, with GQA too.
-TEST(GPT, KVCacheLogitsEqualFullForwardOverTwoBlocks) {
-  for (const std::string pos : {"rope", "learned", "sinusoidal", "rope+gqa"}) {
-    torch::manual_seed(9);
-    auto cfg = tiny(pos == "rope+gqa" ? "rope" : pos);
-    if (pos == "rope+gqa") cfg.n_kv_head = 2;
-    GPT model(cfg);
-    model->eval();
-    torch::NoGradGuard no_grad;
-    for (auto& p : model->named_parameters())  // peaked attention, so that scores matter (N(0, 0.02) is near-uniform)
-      if (p.key().find("q_proj") != std::string::npos || p.key().find("k_proj") != std::string::npos) p.value().mul_(40);
-    const int64_t block = 8, steps = 3 * block;
-    auto seq = torch::randint(11, {2, steps + 1});
-    auto cache = model->make_cache();
-    int64_t cache_start = -1;
-    for (int64_t total = 1; total <= steps; ++total) {
-      const int64_t start = nanogpt::model::window_start(total, block);
-      ASSERT_LE(total - start, block);
-      ASSERT_GE(total - start, std::min<int64_t>(total, block / 2));
-      torch::Tensor cached;
-      if (start != cache_start) {
-        cache.clear();
-        cache_start = start;
-        cached = model->forward_cached(seq.narrow(1, start, total - start), cache);
-      } else {
-        cached = model->forward_cached(seq.narrow(1, total - 1, 1), cache);
+namespace {
+// Multiplies the query and key projections, so that attention is peaked and the scores matter
+// (N(0, 0.02) weights give near-uniform attention, which would hide a wrong key).
+void sharpen_attention(GPT& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->named_parameters())
+    if (p.key().find("q_proj") != std::string::npos || p.key().find("k_proj") != std::string::npos) p.value().mul_(40);
+}
+}  // namespace
+
+// Decoding one token at a time runs model/fast/decode_attention.cpp on the CPU (no autograd) and
+// the general path with autograd on; a chunk of several tokens on top of a cache runs the general
+// path with an explicit mask. All must give the full forward's logits, with GQA too.
+TEST(GPT, KVCacheLogitsEqualFullForward) {
+  for (const std::string pos : {"rope", "learned", "sinusoidal", "rope+gqa"})
+    for (const bool fast_decode : {true, false}) {
+      SCOPED_TRACE(pos + (fast_decode ? " decode_attention" : " general path"));
+      torch::manual_seed(9);
+      auto cfg = tiny(pos == "rope+gqa" ? "rope" : pos);
+      if (pos == "rope+gqa") cfg.n_kv_head = 2;
+      GPT model(cfg);
+      model->eval();
+      sharpen_attention(model);
+      std::optional<torch::NoGradGuard> no_grad;
+      if (fast_decode) no_grad.emplace();
+      const int64_t block = cfg.block_size;
+      auto seq = torch::randint(11, {2, block});
+      auto cache = model->make_cache();
+      model->forward_cached(seq.narrow(1, 0, 3), cache);                       // a prompt
+      auto chunk = model->forward_cached(seq.narrow(1, 3, 2), cache);           // a chunk on top of it
+      ASSERT_TRUE(torch::allclose(chunk, model->logits(seq.narrow(1, 0, 5)).select(1, 4), 1e-5, 1e-5));
+      for (int64_t total = 6; total <= block; ++total) {
+        auto cached = model->forward_cached(seq.narrow(1, total - 1, 1), cache);  // (B, V)
+        auto full = model->logits(seq.narrow(1, 0, total)).select(1, total - 1);  // (B, V)
+        ASSERT_TRUE(torch::allclose(cached, full, 1e-5, 1e-5)) << "total=" << total;
       }
-      auto full = model->logits(seq.narrow(1, start, total - start)).select(1, total - start - 1);  // (B, V)
-      ASSERT_TRUE(torch::allclose(cached, full, 1e-5, 1e-5)) << pos << " total=" << total;
+      // Learned and sinusoidal tables end at block_size: one more position is refused.
+      if (pos == "learned" || pos == "sinusoidal") {
+        EXPECT_THROW(model->forward_cached(seq.narrow(1, 0, 1), cache), std::invalid_argument);
+      }
     }
-  }
+}
+
+// RoPE past block_size: the cache slides (each new token overwrites the oldest) and positions keep
+// counting. A score depends only on the offset between query and key, so for one layer this is
+// exactly the full forward over the last block_size tokens (nanoGPT's crop and recompute), over
+// three blocks, for MHA and GQA, in the fast decode kernel and the general path.
+TEST(GPT, SlidingKVCacheEqualsCropAndRecomputeForOneLayer) {
+  for (const int64_t nkv : {4, 2})
+    for (const bool fast_decode : {true, false}) {
+      SCOPED_TRACE("n_kv_head=" + std::to_string(nkv) + (fast_decode ? " decode_attention" : " general path"));
+      torch::manual_seed(11);
+      auto cfg = tiny("rope");
+      cfg.n_layer = 1;
+      cfg.n_kv_head = nkv;
+      GPT model(cfg);
+      model->eval();
+      sharpen_attention(model);
+      std::optional<torch::NoGradGuard> no_grad;
+      if (fast_decode) no_grad.emplace();
+      const int64_t block = cfg.block_size, steps = 3 * block;
+      auto seq = torch::randint(11, {2, steps});
+      auto cache = model->make_cache();
+      model->forward_cached(seq.narrow(1, 0, block - 1), cache);
+      for (int64_t total = block; total <= steps; ++total) {
+        auto cached = model->forward_cached(seq.narrow(1, total - 1, 1), cache);  // (B, V)
+        auto window = seq.narrow(1, total - block, block);                          // the last block_size tokens
+        auto recomputed = model->logits(window).select(1, block - 1);               // (B, V)
+        ASSERT_TRUE(torch::allclose(cached, recomputed, 1e-4, 1e-5)) << "total=" << total;
+      }
+      // Only one token at a time may wrap around the ring.
+      EXPECT_THROW(model->forward_cached(seq.narrow(1, 0, 2), cache), std::invalid_argument);
+    }
+}
+
+// Under bf16 autocast the math path's softmax runs in fp32 (as PyTorch's autocast runs softmax):
+// weights come back fp32 and their rows sum to 1 at fp32 precision.
+TEST(Attention, MathSoftmaxStaysFp32UnderBf16Autocast) {
+  torch::manual_seed(3);
+  CausalSelfAttention attn(tiny());
+  attn->eval();
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({2, 8, 16});
+  torch::Tensor weights;
+  AttentionContext ctx;
+  ctx.weights = &weights;
+  nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+  attn(x, ctx);
+  ASSERT_EQ(weights.scalar_type(), torch::kFloat);
+  EXPECT_LE((weights.sum(-1) - 1).abs().max().item<double>(), 1e-6);
 }
 
 TEST(GPT, TinyModelOverfitsOneBatch) {

@@ -1,26 +1,49 @@
-// Sampling: filters on hand-made logits, greedy decoding, determinism, and the KV cache giving the
-// same tokens as full recomputation.
+// Sampling: filters on hand-made logits, greedy decoding, determinism, the KV cache giving the
+// same tokens as full recomputation, past block_size too, and bad input.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <limits>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "model/generate.h"
 
 using namespace nanogpt::model;
 
 namespace {
-GPT tiny_model(int64_t block = 8) {
+GPT tiny_model(int64_t block = 8, const std::string& pos = "rope", int64_t n_layer = 2) {
   ModelConfig c;
   c.vocab_size = 13;
   c.block_size = block;
-  c.n_layer = 2;
+  c.n_layer = n_layer;
   c.n_head = 2;
   c.n_embd = 16;
+  c.pos_encoding = pos;
   c.attention = "math";
   torch::manual_seed(0);
-  return GPT(c);
+  GPT model(c);
+  torch::NoGradGuard no_grad;  // peaked attention, so that which tokens are in the context matters
+  for (auto& p : model->named_parameters())
+    if (p.key().find("q_proj") != std::string::npos || p.key().find("k_proj") != std::string::npos) p.value().mul_(30);
+  return model;
+}
+
+// nanoGPT's sample.py, greedy: every token is the argmax of a full forward over the last
+// block_size tokens.
+std::vector<int64_t> crop_and_recompute_greedy(GPT& model, std::vector<int64_t> seq, int64_t n) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  const int64_t block = model->config().block_size;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(seq.size()) - block);
+    auto idx = torch::tensor(std::vector<int64_t>(seq.begin() + start, seq.end())).unsqueeze(0);
+    seq.push_back(model->forward(idx).first.argmax(-1).item<int64_t>());
+  }
+  return seq;
 }
 }  // namespace
 
@@ -78,19 +101,35 @@ TEST(Sampling, TopKOneAndTemperatureZeroAreGreedy) {
   SamplingOptions greedy;
   greedy.top_k = 1;
   std::mt19937_64 rng(4);
-  auto out = generate(model, prompt, 1, 12, greedy, rng)[0];
-  // Reference: argmax of the full forward, step by step.
-  std::vector<int64_t> ref = prompt;
-  torch::NoGradGuard no_grad;
-  for (int i = 0; i < 12; ++i) {
-    const int64_t total = ref.size(), start = window_start(total, 8);
-    auto idx = torch::tensor(std::vector<int64_t>(ref.begin() + start, ref.end())).unsqueeze(0);
-    ref.push_back(model->forward(idx).first.argmax(-1).item<int64_t>());
-  }
-  EXPECT_EQ(out, ref);
+  auto out = generate(model, prompt, 1, 5, greedy, rng)[0];  // 8 tokens: within block_size
+  EXPECT_EQ(out, crop_and_recompute_greedy(model, prompt, 5));
   SamplingOptions zero_temp;
   zero_temp.temperature = 0.0;
-  EXPECT_EQ(generate(model, prompt, 1, 12, zero_temp, rng)[0], ref);
+  EXPECT_EQ(generate(model, prompt, 1, 5, zero_temp, rng)[0], out);
+}
+
+// Past block_size, over three blocks: nanoGPT's crop-and-recompute for learned and sinusoidal
+// positions, for RoPE with exact_window, without the cache, and for a one-layer RoPE model with the
+// sliding cache (where sliding is exact: see generate.h).
+TEST(Sampling, PastBlockSizeEqualsCropAndRecompute) {
+  struct Case {
+    const char* pos;
+    int64_t n_layer;
+    bool use_cache, exact_window;
+  };
+  for (const Case c : {Case{"learned", 2, true, false}, Case{"sinusoidal", 2, true, false}, Case{"rope", 2, true, true},
+                       Case{"rope", 2, false, false}, Case{"learned", 2, false, false}, Case{"rope", 1, true, false}}) {
+    SCOPED_TRACE(std::string(c.pos) + " n_layer=" + std::to_string(c.n_layer) + (c.use_cache ? "" : " no cache") +
+                 (c.exact_window ? " exact_window" : ""));
+    auto model = tiny_model(8, c.pos, c.n_layer);
+    SamplingOptions greedy;
+    greedy.temperature = 0.0;
+    greedy.use_cache = c.use_cache;
+    greedy.exact_window = c.exact_window;
+    std::mt19937_64 rng(4);
+    const std::vector<int64_t> prompt{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // longer than block_size
+    EXPECT_EQ(generate(model, prompt, 1, 24, greedy, rng)[0], crop_and_recompute_greedy(model, prompt, 24));
+  }
 }
 
 TEST(Sampling, SameSeedSameOutputAndCacheEqualsRecompute) {
@@ -98,6 +137,7 @@ TEST(Sampling, SameSeedSameOutputAndCacheEqualsRecompute) {
   const std::vector<int64_t> prompt{4};
   SamplingOptions cached, uncached;
   cached.temperature = uncached.temperature = 1.0;
+  cached.exact_window = true;  // a two-layer RoPE model: sample.py's logits past block_size
   uncached.use_cache = false;
   std::mt19937_64 a(5), b(5), c(5);
   auto x = generate(model, prompt, 3, 30, cached, a);  // 30 tokens > 3 x block_size
@@ -108,23 +148,162 @@ TEST(Sampling, SameSeedSameOutputAndCacheEqualsRecompute) {
   EXPECT_NE(x[0], x[1]);  // rows of a batch are independent samples
 }
 
+TEST(Sampling, RestoresTheModelsMode) {
+  auto model = tiny_model();
+  std::mt19937_64 rng(7);
+  model->train();
+  generate(model, {1}, 1, 3, SamplingOptions{}, rng);
+  EXPECT_TRUE(model->is_training());
+  model->eval();
+  generate(model, {1}, 1, 3, SamplingOptions{}, rng);
+  EXPECT_FALSE(model->is_training());
+}
+
+TEST(Sampling, NonFiniteLogitsAreAnErrorNotAToken) {
+  auto model = tiny_model();
+  {
+    torch::NoGradGuard no_grad;
+    model->named_parameters()["ln_f.weight"].fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  std::mt19937_64 rng(8);
+  for (const bool cache : {true, false}) {
+    SamplingOptions o;
+    o.use_cache = cache;
+    try {
+      generate(model, {1}, 1, 3, o, rng);
+      ADD_FAILURE() << "no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("non-finite logits"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Sampling, OptionsAreValidated) {
+  auto model = tiny_model();
+  std::mt19937_64 rng(9);
+  for (const double t : {-1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    SamplingOptions o;
+    o.temperature = t;
+    EXPECT_THROW(o.validate(), std::invalid_argument) << t;
+    EXPECT_THROW(generate(model, {1}, 1, 3, o, rng), std::invalid_argument) << t;
+  }
+  SamplingOptions k, p0, p2;
+  k.top_k = -1;
+  p0.top_p = 0.0;
+  p2.top_p = 1.5;
+  for (const auto& o : {k, p0, p2}) EXPECT_THROW(o.validate(), std::invalid_argument);
+  EXPECT_NO_THROW(SamplingOptions{}.validate());
+}
+
 TEST(Sampling, CallbackCanStopEarly) {
   auto model = tiny_model();
   std::mt19937_64 rng(6);
   int calls = 0;
-  auto out = generate(model, {1}, 1, 50, SamplingOptions{}, rng, [&](const std::vector<int64_t>&) { return ++calls < 5; });
+  auto out = generate(model, {1}, 1, 50, SamplingOptions{}, rng,
+                      [&](const std::vector<int64_t>&, const torch::Tensor& probs) {
+                        EXPECT_EQ(probs.sizes(), torch::IntArrayRef({1, 13}));  // the distribution drawn from
+                        return ++calls < 5;
+                      });
   EXPECT_EQ(calls, 5);
   EXPECT_EQ(out[0].size(), 6u);
 }
 
-TEST(Sampling, WindowNeverExceedsBlockAndKeepsHalf) {
-  for (int64_t block : {1, 2, 7, 8, 64})
-    for (int64_t total = 1; total < 5 * block + 3; ++total) {
-      const int64_t s = window_start(total, block);
-      EXPECT_LE(total - s, block);
-      EXPECT_GE(total - s, std::min<int64_t>(total, std::max<int64_t>(1, block / 2)));
-      if (total > 1) {
-        EXPECT_GE(s, window_start(total - 1, block));
-      }
+
+namespace {
+// log P(continuation | prompt) of each row of `seqs` (N, P + L) under a full forward: the reference.
+torch::Tensor sequence_log_probs(GPT& model, const torch::Tensor& seqs, int64_t P) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto log_probs = torch::log_softmax(model->logits(seqs).to(torch::kDouble), -1);  // (N, P + L, V)
+  const int64_t L = seqs.size(1) - P;
+  auto next = seqs.narrow(1, P, L).unsqueeze(-1);                                   // (N, L, 1)
+  return log_probs.narrow(1, P - 1, L).gather(-1, next).squeeze(-1).sum(-1);        // (N,)
+}
+}  // namespace
+
+TEST(BeamSearch, WidthOneIsGreedy) {
+  for (const char* pos : {"rope", "learned"}) {
+    auto model = tiny_model(8, pos);
+    const std::vector<int64_t> prompt{1, 2, 3};
+    SamplingOptions greedy;
+    greedy.temperature = 0.0;
+    std::mt19937_64 rng(1);
+    BeamOptions one;
+    one.width = 1;
+    auto beams = beam_search(model, prompt, 20, one);  // past block_size
+    ASSERT_EQ(beams.size(), 1u);
+    EXPECT_EQ(beams[0].tokens, generate(model, prompt, 1, 20, greedy, rng)[0]) << pos;
+    EXPECT_EQ(beams[0].generated, 20);
+  }
+}
+
+// Three new tokens from a vocabulary of 13: all 2,197 continuations can be scored. A beam as wide as
+// the number of two-token prefixes keeps every one of them, so it must find the most probable
+// continuation; narrower beams must never end below greedy decoding. Reported log-probabilities are
+// the reference's.
+TEST(BeamSearch, FindsTheBruteForceBestAndNeverLosesToGreedy) {
+  for (const uint64_t seed : {0, 1, 2, 3}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    auto model = tiny_model(8, "rope");
+    {
+      torch::NoGradGuard no_grad;
+      torch::manual_seed(seed);
+      for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.3);  // a different, peaked model per seed
     }
+    const std::vector<int64_t> prompt{5, 1};
+    const int64_t P = 2, L = 3, V = 13;
+    auto all = torch::empty({V * V * V, P + L}, torch::kLong);  // every continuation
+    for (int64_t i = 0; i < V * V * V; ++i) {
+      all[i][0] = 5;
+      all[i][1] = 1;
+      all[i][2] = i / (V * V);
+      all[i][3] = i / V % V;
+      all[i][4] = i % V;
+    }
+    auto scores = sequence_log_probs(model, all, P);  // (V³,)
+    const int64_t best = scores.argmax().item<int64_t>();
+
+    BeamOptions wide;
+    wide.width = V * V;
+    auto beams = beam_search(model, prompt, L, wide);
+    ASSERT_FALSE(beams.empty());
+    EXPECT_EQ(beams[0].tokens, std::vector<int64_t>(all[best].data_ptr<int64_t>(), all[best].data_ptr<int64_t>() + P + L));
+    EXPECT_NEAR(beams[0].log_prob, scores[best].item<double>(), 1e-5);
+    for (size_t i = 1; i < beams.size(); ++i) EXPECT_LE(beams[i].log_prob, beams[i - 1].log_prob);  // best first
+
+    SamplingOptions greedy;
+    greedy.temperature = 0.0;
+    std::mt19937_64 rng(1);
+    auto g = generate(model, prompt, 1, L, greedy, rng)[0];
+    const double greedy_lp =
+        sequence_log_probs(model, torch::tensor(g).unsqueeze(0), P).item<double>();
+    for (const int64_t width : {2, 3, 5}) {
+      BeamOptions o;
+      o.width = width;
+      auto b = beam_search(model, prompt, L, o);
+      EXPECT_GE(b[0].log_prob, greedy_lp - 1e-5) << "width " << width;  // fp32 log-softmax against the fp64 reference
+      EXPECT_NEAR(b[0].log_prob, sequence_log_probs(model, torch::tensor(b[0].tokens).unsqueeze(0), P).item<double>(), 1e-5);
+    }
+  }
+}
+
+TEST(BeamSearch, FinishedBeamsStopAndLengthNormalisationRanksPerToken) {
+  auto model = tiny_model();
+  BeamOptions o;
+  o.width = 3;
+  // A beam is finished as soon as it emits token 0: finished beams are shorter than the rest.
+  auto finished = [](const std::vector<int64_t>& tokens) { return tokens.back() == 0; };
+  auto beams = beam_search(model, {1}, 12, o, finished);
+  ASSERT_FALSE(beams.empty());
+  for (const auto& b : beams) {
+    const auto zero = std::find(b.tokens.begin() + 1, b.tokens.end(), 0);
+    EXPECT_TRUE(zero == b.tokens.end() || zero == b.tokens.end() - 1);  // nothing after the finishing token
+    EXPECT_EQ(static_cast<int64_t>(b.tokens.size()), 1 + b.generated);
+  }
+  o.length_normalize = true;
+  auto normalised = beam_search(model, {1}, 12, o, finished);
+  for (size_t i = 1; i < normalised.size(); ++i) EXPECT_LE(normalised[i].score(true), normalised[i - 1].score(true));
+  BeamOptions zero;
+  zero.width = 0;
+  EXPECT_THROW(beam_search(model, {1}, 3, zero), std::invalid_argument);
 }

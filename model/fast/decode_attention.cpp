@@ -24,23 +24,24 @@ void rotate(const float* x, const float* cos2, const float* sin2, int64_t hs, fl
 torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t pos,
                                int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2) {
   const int64_t B = qkv.size(0), block = k_cache.size(2), hs = k_cache.size(3);
-  const int64_t width = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head, Tk = pos + 1;
+  const int64_t width = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head;
+  const int64_t slot = pos % block, Tk = std::min(pos + 1, block);  // the cache is a ring of `block` slots
   TORCH_CHECK(qkv.is_contiguous() && qkv.scalar_type() == torch::kFloat && qkv.size(1) == 1 && qkv.size(2) == width,
               "decode_attention: qkv must be contiguous fp32 (B, 1, (nh + 2 nkv) hs)");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && pos < block, "decode_attention: bad cache");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && pos >= 0, "decode_attention: bad cache");
   const float* in = qkv.data_ptr<float>();
   float* kc = k_cache.data_ptr<float>();  // [b][kv head][position][hs]
   float* vc = v_cache.data_ptr<float>();
   auto y = torch::empty({B, 1, n_head * hs}, qkv.options());  // (B, 1, nh hs)
   float* out = y.data_ptr<float>();
 
-  // The new key (rotated) and value go into the caches at `pos`.
+  // The new key (rotated) and value go into the caches' slot for `pos`.
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < n_kv_head; ++j) {
       const float* k_new = in + b * width + (n_head + j) * hs;
       const float* v_new = in + b * width + (n_head + n_kv_head + j) * hs;
-      float* k_slot = kc + ((b * n_kv_head + j) * block + pos) * hs;
-      float* v_slot = vc + ((b * n_kv_head + j) * block + pos) * hs;
+      float* k_slot = kc + ((b * n_kv_head + j) * block + slot) * hs;
+      float* v_slot = vc + ((b * n_kv_head + j) * block + slot) * hs;
       if (rope_cos2) rotate(k_new, rope_cos2, rope_sin2, hs, k_slot);
       else std::copy(k_new, k_new + hs, k_slot);
       std::copy(v_new, v_new + hs, v_slot);
@@ -55,6 +56,7 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache,
       const float* q_in = in + b * width + h * hs;
       if (rope_cos2) rotate(q_in, rope_cos2, rope_sin2, hs, q.data());
       else std::copy(q_in, q_in + hs, q.data());
+      // Every filled slot, in slot order: the softmax and the weighted sum do not depend on the order.
       const float* keys = kc + (b * n_kv_head + j) * block * hs;    // (Tk, hs)
       const float* values = vc + (b * n_kv_head + j) * block * hs;  // (Tk, hs)
       float max_score = -INFINITY;

@@ -11,10 +11,11 @@
 namespace nanogpt::model {
 
 /// Shapes: qkv (B, 1, (nh + 2 nkv) hs), fp32 contiguous: the new token's q, k and v, heads side by
-/// side. k_cache, v_cache (B, nkv, block, hs) fp32 contiguous. rope_cos2 / rope_sin2: the RoPE
-/// tables' rows for position `pos` (hs values each, laid out as in Rope), or nullptr for no
-/// rotation. Rotates q and k, writes k and v into the caches at `pos`, and returns
-/// softmax(q kᵀ / √hs) v over positions 0..pos as y (B, 1, nh hs).
+/// side. k_cache, v_cache (B, nkv, block, hs) fp32 contiguous, rings: position p lives in slot
+/// p % block. rope_cos2 / rope_sin2: the RoPE tables' rows for position `pos` (hs values each, laid
+/// out as in Rope), or nullptr for no rotation. Rotates q and k, writes k and v into slot
+/// pos % block, and returns softmax(q kᵀ / √hs) v over every filled slot (positions
+/// max(0, pos - block + 1) .. pos) as y (B, 1, nh hs).
 torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t pos,
                                int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2);
 
