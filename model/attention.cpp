@@ -36,6 +36,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config)
       n_kv_head_(config.kv_heads()),
       head_size_(config.head_size()),
       block_size_(config.block_size),
+      qk_norm_(config.qk_norm),
       dropout_(config.dropout),
       attention_(config.attention) {
   const int64_t C = config.n_embd, kv_width = n_kv_head_ * head_size_;
@@ -130,7 +131,8 @@ torch::Tensor CausalSelfAttentionImpl::decode_one_token(const torch::Tensor& x, 
   ensure_cache(*ctx.v_cache, B, qkv.options(), ctx.start_pos);
   const float* cos2 = ctx.rope ? ctx.rope->cos2_row(ctx.start_pos) : nullptr;
   const float* sin2 = ctx.rope ? ctx.rope->sin2_row(ctx.start_pos) : nullptr;
-  auto y = decode_attention(qkv, *ctx.k_cache, *ctx.v_cache, ctx.start_pos, n_head_, n_kv_head_, cos2, sin2);  // (B, 1, C)
+  auto y = decode_attention(qkv, *ctx.k_cache, *ctx.v_cache, ctx.start_pos, n_head_, n_kv_head_, cos2, sin2,
+                            qk_norm_ ? qk_norm_eps : 0.0);  // (B, 1, C)
   return resid_dropout(dense(y, c_proj->weight, c_proj->bias));
 }
 
@@ -159,6 +161,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   auto qkv = dense(x, w, b).split_with_sizes({C + kv_width, kv_width}, -1);  // [q k], v: (B, T, ·)
   auto qk = qkv[0].view({B, T, n_head_ + n_kv_head_, head_size_});      // (B, T, nh + nkv, hs)
   auto v = qkv[1].view({B, T, n_kv_head_, head_size_}).transpose(1, 2);  // (B, nkv, T, hs)
+
+  // QK-norm (optional): every head's query and key scaled to RMS 1, so no score can grow without
+  // bound however large the projections get.
+  if (qk_norm_) qk = torch::rms_norm(qk, {head_size_}, std::nullopt, qk_norm_eps);
 
   // 2. Rotate: RoPE turns q and k by their positions (both at once), so scores depend on offsets.
   if (ctx.rope) qk = ctx.rope->apply(qk, ctx.start_pos);

@@ -28,7 +28,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const ModelConfig& config);
 
-  /// x (B, T, C) -> (B, T, C): project, rotate, score, mask, softmax, weigh, project.
+  static constexpr double qk_norm_eps = 1e-6;  // QK-norm: q / sqrt(mean(q²) + eps), per head
+
+  /// x (B, T, C) -> (B, T, C): project, (QK-norm,) rotate, score, mask, softmax, weigh, project.
   /// With a cache, positions start_pos .. start_pos + T - 1 are appended to it and attend to every
   /// position it holds (at most the last block_size). Only a single token may wrap around the ring:
   /// past block_size the oldest position makes room (a sliding window, for RoPE; see generate.h).
@@ -62,6 +64,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   void ensure_cache(torch::Tensor& cache, int64_t B, const torch::TensorOptions& options, int64_t start_pos);
 
   int64_t n_head_, n_kv_head_, head_size_, block_size_;
+  bool qk_norm_;
   double dropout_;
   std::string attention_;  // math | sdpa | auto (model/config.h)
   Dropout attn_dropout{nullptr}, resid_dropout{nullptr};

@@ -2,6 +2,7 @@
 // hint) and its one JSON mapping, used by checkpoints and exports alike.
 #include "model/config.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace nanogpt::model {
@@ -37,6 +38,9 @@ void ModelConfig::validate() const {
         "must be even with pos_encoding sinusoidal: sin and cos fill channel pairs");
   check(norm == "layernorm" || norm == "rmsnorm", "norm", norm, "must be layernorm or rmsnorm");
   check(attention == "math" || attention == "sdpa" || attention == "auto", "attention", attention, "must be math, sdpa or auto");
+  check(mlp == "gelu" || mlp == "relu2" || mlp == "swiglu", "mlp", mlp, "must be gelu, relu2 or swiglu");
+  check(logit_softcap >= 0 && std::isfinite(logit_softcap), "logit_softcap", text(logit_softcap),
+        "must be a number >= 0 (0 = off; 15 to 30 is usual)");
   check(dropout >= 0 && dropout < 1, "dropout", text(dropout), "must be in [0, 1): e.g. 0.0 for tiny runs, 0.2 for shakespeare_char");
 }
 
@@ -44,7 +48,9 @@ nlohmann::ordered_json to_json(const ModelConfig& m) {
   return Json{{"vocab_size", m.vocab_size}, {"block_size", m.block_size}, {"n_layer", m.n_layer},
               {"n_head", m.n_head},         {"n_kv_head", m.n_kv_head},   {"n_embd", m.n_embd},
               {"dropout", m.dropout},       {"bias", m.bias},             {"pos_encoding", m.pos_encoding},
-              {"rope_base", m.rope_base},   {"norm", m.norm},             {"attention", m.attention}};
+              {"rope_base", m.rope_base},   {"norm", m.norm},             {"attention", m.attention},
+              {"qk_norm", m.qk_norm},       {"mlp", m.mlp},               {"tie_embeddings", m.tie_embeddings},
+              {"logit_softcap", m.logit_softcap}};
 }
 
 ModelConfig model_config_from_json(const nlohmann::ordered_json& j) {
@@ -76,6 +82,10 @@ ModelConfig model_config_from_json(const nlohmann::ordered_json& j) {
   m.rope_base = number("rope_base");
   m.norm = string("norm");
   m.attention = string("attention");
+  if (j.contains("qk_norm")) m.qk_norm = field("qk_norm", &Json::is_boolean, "true or false").get<bool>();
+  if (j.contains("mlp")) m.mlp = string("mlp");
+  if (j.contains("tie_embeddings")) m.tie_embeddings = field("tie_embeddings", &Json::is_boolean, "true or false").get<bool>();
+  if (j.contains("logit_softcap")) m.logit_softcap = number("logit_softcap");
   return m;
 }
 

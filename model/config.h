@@ -23,9 +23,17 @@ struct ModelConfig {
   double rope_base = 10000.0;       // RoPE frequency base
   std::string norm = "layernorm";   // layernorm | rmsnorm
   std::string attention = "auto";   // math (the lesson, written out) | sdpa (LibTorch's fused kernels) | auto (= sdpa)
+  // Beyond nanoGPT's recipe (nanochat, modded-nanogpt); the defaults are nanoGPT's.
+  bool qk_norm = false;             // RMS-normalise each head's queries and keys (no weight) before RoPE
+  std::string mlp = "gelu";         // gelu (nanoGPT) | relu2 (ReLU squared) | swiglu (SiLU-gated, LLaMA)
+  bool tie_embeddings = true;       // the head reuses wte's weights (nanoGPT); false = a separate lm_head
+  double logit_softcap = 0.0;       // > 0: logits = cap * tanh(logits / cap), bounded by ±cap; 0 = off
 
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_size() const { return n_embd / n_head; }
+  /// The MLP's hidden width: 4 C, or for swiglu 8 C / 3 rounded up to a multiple of 8, so that its
+  /// three matrices hold about as many parameters as the other MLPs' two.
+  int64_t mlp_hidden() const { return mlp == "swiglu" ? (8 * n_embd / 3 + 7) / 8 * 8 : 4 * n_embd; }
 
   /// Throws std::invalid_argument "[model] n_embd (384) must be divisible by n_head (5)" etc.
   void validate() const;
@@ -34,7 +42,9 @@ struct ModelConfig {
 /// The one JSON mapping of the architecture (checkpoints and exports): every field, by its name.
 nlohmann::ordered_json to_json(const ModelConfig& config);
 /// The reverse; throws std::invalid_argument "[model] model config lacks 'n_head'" (or names a
-/// field of the wrong type). Does not validate: call validate().
+/// field of the wrong type). The switches beyond nanoGPT's recipe (qk_norm, mlp, tie_embeddings,
+/// logit_softcap) may be absent, as in files written before them: absent means the default.
+/// Does not validate: call validate().
 ModelConfig model_config_from_json(const nlohmann::ordered_json& json);
 
 }  // namespace nanogpt::model

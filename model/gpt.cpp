@@ -1,4 +1,4 @@
-// GPT (see gpt.h): embeddings -> blocks -> ln_f -> tied head.
+// GPT (see gpt.h): embeddings -> blocks -> ln_f -> head (tied or not) -> optional soft-cap.
 #include "model/gpt.h"
 
 #include <fmt/format.h>
@@ -23,6 +23,8 @@ GPTImpl::GPTImpl(const ModelConfig& config) : config_(config) {
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Block(config));
   ln_f = register_module("ln_f", Norm(config.norm, config.n_embd, config.bias));
+  if (!config.tie_embeddings)
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.n_embd, config.vocab_size).bias(false)));
   init_weights();
 }
 
@@ -83,7 +85,10 @@ torch::Tensor GPTImpl::run_blocks(torch::Tensor x, int64_t start_pos, KVCache* c
 }
 
 torch::Tensor GPTImpl::head(const torch::Tensor& x) {
-  return dense(x, wte->weight);  // (B, T, V): weight tying
+  auto logits = dense(x, lm_head ? lm_head->weight : wte->weight);  // (B, T, V); tied: wte's weights
+  const double cap = config_.logit_softcap;
+  if (cap > 0) logits = torch::tanh(logits / cap) * cap;  // smooth, bounded by ±cap, ≈ identity for small logits
+  return logits;
 }
 
 std::pair<torch::Tensor, torch::Tensor> GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {

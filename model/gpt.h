@@ -1,5 +1,6 @@
 // GPT: token embedding (+ positions), n_layer pre-norm blocks, final norm, a head tied to the
-// token embedding. Parameter names follow nanoGPT: wte, wpe, h.0.attn.q_proj, ..., ln_f.
+// token embedding (or its own lm_head when tie_embeddings is off), logits optionally soft-capped.
+// Parameter names follow nanoGPT: wte, wpe, h.0.attn.q_proj, ..., ln_f, lm_head.
 #pragma once
 
 #include <torch/torch.h>
@@ -59,7 +60,8 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor head(const torch::Tensor& x);                         // (B, T, C) -> (B, T, V)
 
   ModelConfig config_;
-  torch::nn::Embedding wte{nullptr};  // (V, C), also the output head
+  torch::nn::Embedding wte{nullptr};  // (V, C), also the output head when tied
+  torch::nn::Linear lm_head{nullptr}; // (V, C), the output head when not tied
   torch::nn::Embedding wpe{nullptr};  // (block_size, C), learned positions only
   Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};   // n_layer Blocks

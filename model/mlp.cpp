@@ -5,16 +5,24 @@
 
 namespace nanogpt::model {
 
-MLPImpl::MLPImpl(const ModelConfig& config) {
-  const int64_t C = config.n_embd;
-  c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(C, 4 * C).bias(config.bias)));
-  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * C, C).bias(config.bias)));
+MLPImpl::MLPImpl(const ModelConfig& config) : activation_(config.mlp) {
+  const int64_t C = config.n_embd, H = config.mlp_hidden(), fc_out = activation_ == "swiglu" ? 2 * H : H;
+  c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(C, fc_out).bias(config.bias)));
+  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(H, C).bias(config.bias)));
   dropout = register_module("dropout", Dropout(config.dropout));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  auto h = torch::gelu(dense(x, c_fc->weight, c_fc->bias));  // (B, T, 4C), exact (erf) GELU like nanoGPT
-  return dropout(dense(h, c_proj->weight, c_proj->bias));    // (B, T, C)
+  auto h = dense(x, c_fc->weight, c_fc->bias);  // (B, T, H), swiglu (B, T, 2H)
+  if (activation_ == "gelu") {
+    h = torch::gelu(h);  // exact (erf) GELU like nanoGPT
+  } else if (activation_ == "relu2") {
+    h = torch::relu(h).square();
+  } else {  // swiglu
+    auto gate_up = h.chunk(2, -1);
+    h = torch::silu(gate_up[0]) * gate_up[1];  // (B, T, H)
+  }
+  return dropout(dense(h, c_proj->weight, c_proj->bias));  // (B, T, C)
 }
 
 }  // namespace nanogpt::model

@@ -1,7 +1,12 @@
-// The feed-forward half of a block: C -> 4C, GELU, 4C -> C, dropout.
+// The feed-forward half of a block: C -> H, an activation, H -> C, dropout. The activation
+// (ModelConfig::mlp): GELU (nanoGPT, H = 4C); ReLU² = relu(x)², which modded-nanogpt and nanochat
+// use (H = 4C); SwiGLU = silu(gate) * up, where c_fc computes [gate; up] (H = 8C/3: the same
+// parameters with three matrices as two).
 #pragma once
 
 #include <torch/torch.h>
+
+#include <string>
 
 #include "model/config.h"
 #include "model/fast/dropout.h"
@@ -14,10 +19,11 @@ class MLPImpl : public torch::nn::Module {
   /// x (B, T, C) -> (B, T, C).
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_fc{nullptr};    // C -> 4C
-  torch::nn::Linear c_proj{nullptr};  // 4C -> C, an output projection (scaled init)
+  torch::nn::Linear c_fc{nullptr};    // C -> H (swiglu: C -> 2H, the gate and the up projection)
+  torch::nn::Linear c_proj{nullptr};  // H -> C, an output projection (scaled init)
 
  private:
+  std::string activation_;  // gelu | relu2 | swiglu
   Dropout dropout{nullptr};
 };
 TORCH_MODULE(MLP);

@@ -426,11 +426,23 @@ TEST(ModelConfig, JsonRoundTripKeepsEveryField) {
   m.rope_base = 500000.0;
   m.norm = "rmsnorm";
   m.attention = "math";
+  m.qk_norm = true;
+  m.mlp = "swiglu";
+  m.tie_embeddings = false;
+  m.logit_softcap = 15.0;
   const auto back = model_config_from_json(nlohmann::ordered_json::parse(to_json(m).dump()));
   EXPECT_EQ(to_json(back), to_json(m));
   EXPECT_EQ(back.dropout, 0.1);  // bit for bit
   EXPECT_EQ(back.n_kv_head, 2);
   EXPECT_EQ(back.attention, "math");
+  // Files written before the switches beyond nanoGPT's recipe lack them: the defaults apply.
+  auto before = to_json(m);
+  for (const char* key : {"qk_norm", "mlp", "tie_embeddings", "logit_softcap"}) before.erase(key);
+  const auto old_file = model_config_from_json(before);
+  EXPECT_FALSE(old_file.qk_norm);
+  EXPECT_EQ(old_file.mlp, "gelu");
+  EXPECT_TRUE(old_file.tie_embeddings);
+  EXPECT_EQ(old_file.logit_softcap, 0.0);
   auto missing = to_json(m);
   missing.erase("n_head");
   try {
@@ -466,6 +478,104 @@ TEST(ModelConfig, RejectsImpossibleCombinationsNamingValues) {
   c = tiny();
   c.attention = "flash";
   expect_error(c, "attention (flash) must be math, sdpa or auto");
+  c = tiny();
+  c.mlp = "geglu";
+  expect_error(c, "mlp (geglu) must be gelu, relu2 or swiglu");
+  c = tiny();
+  c.logit_softcap = -1;
+  expect_error(c, "logit_softcap (-1.0) must be a number >= 0");
+}
+
+// The switches beyond nanoGPT's recipe (issue 15), each alone, with RoPE and learned positions, MHA
+// and GQA: the model stays causal, and the KV cache (the fast decode kernel and the general path)
+// gives the full forward's logits.
+namespace {
+struct Switch {
+  const char* name;
+  void (*apply)(ModelConfig&);
+};
+const Switch kSwitches[] = {
+    {"qk_norm", [](ModelConfig& c) { c.qk_norm = true; }},
+    {"relu2", [](ModelConfig& c) { c.mlp = "relu2"; }},
+    {"swiglu", [](ModelConfig& c) { c.mlp = "swiglu"; }},
+    {"untied", [](ModelConfig& c) { c.tie_embeddings = false; }},
+    {"softcap", [](ModelConfig& c) { c.logit_softcap = 2.0; }},
+    {"all+rmsnorm", [](ModelConfig& c) {
+       c.qk_norm = true;
+       c.mlp = "relu2";
+       c.tie_embeddings = false;
+       c.logit_softcap = 2.0;
+       c.norm = "rmsnorm";
+     }},
+};
+}  // namespace
+
+TEST(ModernSwitches, CausalAndCacheEqualsFullForward) {
+  for (const auto& sw : kSwitches)
+    for (const std::string pos : {"rope", "learned"})
+      for (const int64_t nkv : {4, 2})
+        for (const bool fast_decode : {true, false}) {
+          SCOPED_TRACE(std::string(sw.name) + " " + pos + " n_kv_head=" + std::to_string(nkv) +
+                       (fast_decode ? " decode_attention" : " general path"));
+          auto cfg = tiny(pos);
+          cfg.n_kv_head = nkv;
+          sw.apply(cfg);
+          torch::manual_seed(12);
+          GPT model(cfg);
+          model->eval();
+          sharpen_attention(model);
+          std::optional<torch::NoGradGuard> no_grad;
+          if (fast_decode) no_grad.emplace();
+          auto idx = torch::randint(11, {2, 8});
+          auto full = model->logits(idx);  // (B, T, V)
+          auto changed = idx.clone();
+          changed.narrow(1, 5, 1).add_(1).remainder_(11);
+          auto out = model->logits(changed);
+          EXPECT_TRUE(torch::allclose(out.narrow(1, 0, 5), full.narrow(1, 0, 5), 0, 0)) << "a later token changed earlier logits";
+          EXPECT_FALSE(torch::equal(out.narrow(1, 5, 1), full.narrow(1, 5, 1)));
+          auto cache = model->make_cache();
+          auto first = model->forward_cached(idx.narrow(1, 0, 3), cache);
+          ASSERT_TRUE(torch::allclose(first, full.select(1, 2), 1e-5, 1e-5));
+          for (int64_t t = 3; t < 8; ++t)
+            ASSERT_TRUE(torch::allclose(model->forward_cached(idx.narrow(1, t, 1), cache), full.select(1, t), 1e-5, 1e-5))
+                << "t=" << t;
+        }
+}
+
+TEST(ModernSwitches, SoftCapBoundsTheLogitsAndLeavesSmallOnesAlmostAlone) {
+  auto cfg = tiny();
+  torch::manual_seed(13);
+  GPT plain(cfg);
+  cfg.logit_softcap = 3.0;
+  GPT capped(cfg);
+  torch::NoGradGuard no_grad;
+  for (auto& p : capped->named_parameters()) p.value().copy_(plain->named_parameters()[p.key()]);
+  auto idx = torch::randint(11, {2, 8});
+  auto small_plain = plain->logits(idx), small_capped = capped->logits(idx);
+  EXPECT_TRUE(torch::allclose(small_capped, 3.0 * torch::tanh(small_plain / 3.0), 1e-5, 1e-6));
+  EXPECT_LE((small_capped - small_plain).abs().max().item<double>(), 1e-2);  // init logits are ~0.1: tanh ≈ identity
+  for (auto& p : capped->parameters()) p.mul_(20);  // huge logits
+  EXPECT_LE(capped->logits(idx).abs().max().item<double>(), 3.0);
+}
+
+TEST(ModernSwitches, UntiedHeadIsItsOwnParameterAndSwigluKeepsTheParameterCount) {
+  auto cfg = tiny();
+  cfg.n_embd = 48;
+  cfg.n_head = 4;
+  GPT tied(cfg);
+  auto untied_cfg = cfg;
+  untied_cfg.tie_embeddings = false;
+  GPT untied(untied_cfg);
+  const auto names = untied->named_parameters();
+  ASSERT_TRUE(names.contains("lm_head.weight"));
+  EXPECT_EQ(untied->num_params() - tied->num_params(), cfg.vocab_size * cfg.n_embd);
+  EXPECT_NE(names["lm_head.weight"].data_ptr(), names["wte.weight"].data_ptr());
+  auto swiglu_cfg = cfg;
+  swiglu_cfg.mlp = "swiglu";
+  GPT swiglu(swiglu_cfg);
+  EXPECT_EQ(swiglu_cfg.mlp_hidden(), 128);  // 8 * 48 / 3
+  const double ratio = static_cast<double>(swiglu->num_params()) / static_cast<double>(tied->num_params());
+  EXPECT_NEAR(ratio, 1.0, 0.02);
 }
 
 TEST(Dropout, DropsAboutPScalesTheRestAndIsSeeded) {

@@ -54,6 +54,8 @@ const std::array kKeys = {
     MODEL_KEY(n_layer, "model"), MODEL_KEY(n_head, nullptr), MODEL_KEY(n_kv_head, nullptr), MODEL_KEY(n_embd, nullptr),
     MODEL_KEY(dropout, nullptr), MODEL_KEY(bias, nullptr), MODEL_KEY(pos_encoding, nullptr),
     MODEL_KEY(rope_base, nullptr), MODEL_KEY(norm, nullptr), MODEL_KEY(attention, nullptr),
+    MODEL_KEY(qk_norm, nullptr), MODEL_KEY(mlp, nullptr), MODEL_KEY(tie_embeddings, nullptr),
+    MODEL_KEY(logit_softcap, nullptr),
     KEY(learning_rate, "AdamW"), KEY(max_iters, nullptr), KEY(weight_decay, nullptr),
     KEY(beta1, nullptr), KEY(beta2, nullptr), KEY(grad_clip, nullptr),
     KEY(decay_lr, "learning rate schedule"), KEY(warmup_iters, nullptr), KEY(lr_decay_iters, nullptr),

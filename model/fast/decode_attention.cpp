@@ -19,10 +19,30 @@ void rotate(const float* x, const float* cos2, const float* sin2, int64_t hs, fl
   }
 }
 
+// x (hs values) -> out, scaled to RMS 1: out = x / sqrt(mean(x²) + eps). out may be x.
+void rms_normalise(const float* x, int64_t hs, double eps, float* out) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < hs; ++i) sum += static_cast<double>(x[i]) * x[i];
+  const float inv = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(hs) + eps));
+  for (int64_t i = 0; i < hs; ++i) out[i] = x[i] * inv;
+}
+
+// The new query or key of one head, ready for scoring: QK-normalised when asked, then rotated.
+void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, const float* sin2, float* scratch,
+             float* out) {
+  if (qk_norm_eps > 0) {
+    rms_normalise(x, hs, qk_norm_eps, scratch);
+    x = scratch;
+  }
+  if (cos2) rotate(x, cos2, sin2, hs, out);
+  else std::copy(x, x + hs, out);
+}
+
 }  // namespace
 
 torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t pos,
-                               int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2) {
+                               int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
+                               double qk_norm_eps) {
   const int64_t B = qkv.size(0), block = k_cache.size(2), hs = k_cache.size(3);
   const int64_t width = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head;
   const int64_t slot = pos % block, Tk = std::min(pos + 1, block);  // the cache is a ring of `block` slots
@@ -36,26 +56,25 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache,
   float* out = y.data_ptr<float>();
 
   // The new key (rotated) and value go into the caches' slot for `pos`.
+  std::vector<float> scratch(hs);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < n_kv_head; ++j) {
       const float* k_new = in + b * width + (n_head + j) * hs;
       const float* v_new = in + b * width + (n_head + n_kv_head + j) * hs;
       float* k_slot = kc + ((b * n_kv_head + j) * block + slot) * hs;
       float* v_slot = vc + ((b * n_kv_head + j) * block + slot) * hs;
-      if (rope_cos2) rotate(k_new, rope_cos2, rope_sin2, hs, k_slot);
-      else std::copy(k_new, k_new + hs, k_slot);
+      prepare(k_new, hs, qk_norm_eps, rope_cos2, rope_sin2, scratch.data(), k_slot);
       std::copy(v_new, v_new + hs, v_slot);
     }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Tk * hs));  // small work stays serial
   at::parallel_for(0, B * n_head, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(hs), p(Tk);
+    std::vector<float> q(hs), p(Tk), normed(hs);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / n_head, h = bh % n_head, j = h / group;  // query head h reads kv head j
       const float* q_in = in + b * width + h * hs;
-      if (rope_cos2) rotate(q_in, rope_cos2, rope_sin2, hs, q.data());
-      else std::copy(q_in, q_in + hs, q.data());
+      prepare(q_in, hs, qk_norm_eps, rope_cos2, rope_sin2, normed.data(), q.data());
       // Every filled slot, in slot order: the softmax and the weighted sum do not depend on the order.
       const float* keys = kc + (b * n_kv_head + j) * block * hs;    // (Tk, hs)
       const float* values = vc + (b * n_kv_head + j) * block * hs;  // (Tk, hs)

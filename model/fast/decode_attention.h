@@ -16,7 +16,9 @@ namespace nanogpt::model {
 /// out as in Rope), or nullptr for no rotation. Rotates q and k, writes k and v into slot
 /// pos % block, and returns softmax(q kᵀ / √hs) v over every filled slot (positions
 /// max(0, pos - block + 1) .. pos) as y (B, 1, nh hs).
+/// qk_norm_eps > 0: q and k are first RMS-normalised per head (QK-norm) with that epsilon; 0 = not.
 torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t pos,
-                               int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2);
+                               int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
+                               double qk_norm_eps = 0.0);
 
 }  // namespace nanogpt::model
