@@ -3,8 +3,11 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+
+#include "train/muon.h"
 
 namespace nanogpt::train {
 
@@ -12,9 +15,11 @@ FlatAdamW::FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& n
     : options_(options) {
   groups_[0].weight_decay = options.weight_decay;
   groups_[1].weight_decay = 0.0;
+  groups_[2].weight_decay = 0.0;  // Muon: none (its updates have a fixed scale, not the weights')
   for (const auto& [name, p] : named_params) {
     if (!p.requires_grad()) continue;
-    auto& group = groups_[p.dim() >= 2 ? 0 : 1];
+    const bool matrix_in_block = p.dim() == 2 && name.rfind("h.", 0) == 0;
+    auto& group = groups_[options.muon && matrix_in_block ? 2 : p.dim() >= 2 ? 0 : 1];
     group.names.push_back(name);
     group.params.push_back(p);
   }
@@ -48,13 +53,15 @@ void FlatAdamW::flatten(Group& group) {
 torch::Tensor FlatAdamW::clip_grad_norm(double max_norm) {
   torch::NoGradGuard no_grad;
   if (on_cpu_fp32()) {  // one dot product per group; the host already holds the answer, so no sync to avoid
-    auto norm = (groups_[0].grad.dot(groups_[0].grad) + groups_[1].grad.dot(groups_[1].grad)).sqrt();
+    auto norm = (groups_[0].grad.dot(groups_[0].grad) + groups_[1].grad.dot(groups_[1].grad) +
+                 groups_[2].grad.dot(groups_[2].grad))
+                    .sqrt();
     const double coef = max_norm / (norm.item<double>() + 1e-6);
     if (max_norm > 0.0 && coef < 1.0)
       for (auto& g : groups_) g.grad.mul_(coef);
     return norm;
   }
-  auto sq = groups_[0].grad.pow(2).sum() + groups_[1].grad.pow(2).sum();
+  auto sq = groups_[0].grad.pow(2).sum() + groups_[1].grad.pow(2).sum() + groups_[2].grad.pow(2).sum();
   auto norm = sq.sqrt();
   if (max_norm > 0.0) {
     auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);  // 0-d, stays on device
@@ -68,7 +75,9 @@ void FlatAdamW::step(double lr) {
   ++step_;
   const double bias1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
   const double bias2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
-  for (auto& g : groups_) {
+  if (groups_[2].flat.numel() > 0) muon_step(groups_[2], lr * options_.muon_lr_scale);
+  for (int i = 0; i < 2; ++i) {  // the AdamW groups
+    Group& g = groups_[i];
     if (g.flat.numel() == 0) continue;
     if (on_cpu_fp32()) {
       fused_step_cpu(g, lr, bias1, bias2);
@@ -128,6 +137,22 @@ void FlatAdamW::fused_step_cpu(Group& g, double lr, double bias1, double bias2) 
                    [&](int64_t begin, int64_t end) { adamw_range(theta, grad, m, v, begin, end, s); });
 }
 
+// Muon (train/muon.h): m = β m + (1-β) g; the Nesterov update u = (1-β) g + β m, orthogonalised
+// matrix by matrix and scaled by sqrt(max(1, rows / cols)); θ -= lr u.
+void FlatAdamW::muon_step(Group& g, double lr) {
+  const double beta = options_.muon_momentum;
+  g.exp_avg.lerp_(g.grad, 1.0 - beta);
+  auto update = g.grad.lerp(g.exp_avg, beta);  // (numel,)
+  int64_t offset = 0;
+  for (const auto& p : g.params) {
+    const int64_t n = p.numel();
+    auto u = update.narrow(0, offset, n).view(p.sizes());  // (rows, cols)
+    const double shape_scale = std::sqrt(std::max(1.0, static_cast<double>(p.size(0)) / static_cast<double>(p.size(1))));
+    g.flat.narrow(0, offset, n).add_(orthogonalize(u, options_.muon_dtype).reshape({n}), -lr * shape_scale);
+    offset += n;
+  }
+}
+
 void FlatAdamW::zero_grad() {
   for (auto& g : groups_) g.grad.zero_();
 }
@@ -139,6 +164,7 @@ std::vector<std::pair<std::string, torch::Tensor>> FlatAdamW::state() const {
     state.emplace_back(std::string("exp_avg.") + tags[i], groups_[i].exp_avg);
     state.emplace_back(std::string("exp_avg_sq.") + tags[i], groups_[i].exp_avg_sq);
   }
+  if (groups_[2].flat.numel() > 0) state.emplace_back("momentum.muon", groups_[2].exp_avg);
   return state;
 }
 
@@ -152,17 +178,25 @@ void FlatAdamW::load_state(const std::vector<std::pair<std::string, torch::Tenso
   if (step.numel() != 1 || step.is_floating_point() || step.scalar_type() == torch::kBool || step.item<int64_t>() < 0)
     throw std::runtime_error("[ckpt] optimizer state 'step' is malformed (expected one non-negative integer)");
   const char* tags[2] = {"decay", "no_decay"};
+  std::vector<std::pair<std::string, torch::Tensor*>> expected;
+  for (int i = 0; i < 2; ++i) {
+    expected.emplace_back(std::string("exp_avg.") + tags[i], &groups_[i].exp_avg);
+    expected.emplace_back(std::string("exp_avg_sq.") + tags[i], &groups_[i].exp_avg_sq);
+  }
+  const bool has_muon = std::any_of(state.begin(), state.end(), [](const auto& kv) { return kv.first == "momentum.muon"; });
+  if (has_muon != (groups_[2].flat.numel() > 0))
+    throw std::runtime_error(has_muon ? "[ckpt] the checkpoint was trained with optimizer: muon (set it to resume)"
+                                      : "[ckpt] the checkpoint was trained with optimizer: adamw (set it to resume)");
+  if (has_muon) expected.emplace_back("momentum.muon", &groups_[2].exp_avg);
   std::vector<std::pair<torch::Tensor, torch::Tensor*>> checked;  // all checked before any is copied
-  for (int i = 0; i < 2; ++i)
-    for (auto [name, dst] : {std::pair<std::string, torch::Tensor*>{std::string("exp_avg.") + tags[i], &groups_[i].exp_avg},
-                             {std::string("exp_avg_sq.") + tags[i], &groups_[i].exp_avg_sq}}) {
-      const torch::Tensor t = find(name);
-      if (t.numel() != dst->numel())
-        throw std::runtime_error("[ckpt] optimizer state '" + name + "' has " + std::to_string(t.numel()) +
-                                 " values, expected " + std::to_string(dst->numel()) + " (architecture changed?)");
-      if (!t.is_floating_point()) throw std::runtime_error("[ckpt] optimizer state '" + name + "' is not floating point");
-      checked.emplace_back(t, dst);
-    }
+  for (auto [name, dst] : expected) {
+    const torch::Tensor t = find(name);
+    if (t.numel() != dst->numel())
+      throw std::runtime_error("[ckpt] optimizer state '" + name + "' has " + std::to_string(t.numel()) +
+                               " values, expected " + std::to_string(dst->numel()) + " (architecture changed?)");
+    if (!t.is_floating_point()) throw std::runtime_error("[ckpt] optimizer state '" + name + "' is not floating point");
+    checked.emplace_back(t, dst);
+  }
   torch::NoGradGuard no_grad;
   for (auto& [t, dst] : checked) dst->copy_(t.reshape({-1}));
   step_ = step.item<int64_t>();

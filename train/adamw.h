@@ -3,6 +3,8 @@
 // a handful of large kernels instead of a handful per parameter. Two groups, built in the model's
 // parameter order: weight decay on the >= 2-D weights (matmuls, embeddings), none on norms/biases.
 // Update rule and defaults are PyTorch's AdamW (decoupled weight decay, bias-corrected moments).
+// With `muon` on, a third group takes the blocks' 2-D weight matrices and updates them with Muon
+// (train/muon.h) at learning rate lr * muon_lr_scale; AdamW keeps embeddings, head, norms and biases.
 #pragma once
 
 #include <torch/torch.h>
@@ -20,6 +22,10 @@ class FlatAdamW {
     double beta1 = 0.9;
     double beta2 = 0.95;
     double eps = 1e-8;
+    bool muon = false;           // Muon for the matrices inside the blocks (names "h.*", 2-D)
+    double muon_lr_scale = 1.0;  // Muon's learning rate / AdamW's (both follow one schedule)
+    double muon_momentum = 0.95;
+    torch::ScalarType muon_dtype = torch::kBFloat16;  // Newton–Schulz arithmetic (fp32 where bf16 is slow)
   };
 
   /// Takes over `named_params` (rebinding their storage into the flat buffers).
@@ -33,7 +39,7 @@ class FlatAdamW {
   /// Zeroes the gradients in place (they stay views into the flat buffer).
   void zero_grad();
   /// The flat gradient buffers, one per group (every parameter's .grad() is a view into one).
-  std::vector<torch::Tensor> flat_grads() const { return {groups_[0].grad, groups_[1].grad}; }
+  std::vector<torch::Tensor> flat_grads() const { return {groups_[0].grad, groups_[1].grad, groups_[2].grad}; }
 
   int64_t steps() const { return step_; }
   /// Names of the parameters in the decay / no-decay groups, in order.
@@ -41,9 +47,12 @@ class FlatAdamW {
   const std::vector<std::string>& no_decay_names() const { return groups_[1].names; }
   int64_t decay_numel() const { return groups_[0].flat.numel(); }
   int64_t no_decay_numel() const { return groups_[1].flat.numel(); }
+  const std::vector<std::string>& muon_names() const { return groups_[2].names; }
+  int64_t muon_numel() const { return groups_[2].flat.numel(); }
 
   /// The state to checkpoint: "step" (0-d int64) and the moments "exp_avg.decay",
-  /// "exp_avg_sq.decay", "exp_avg.no_decay", "exp_avg_sq.no_decay" (each (numel,) of its group).
+  /// "exp_avg_sq.decay", "exp_avg.no_decay", "exp_avg_sq.no_decay" (each (numel,) of its group),
+  /// and with Muon "momentum.muon".
   std::vector<std::pair<std::string, torch::Tensor>> state() const;
   /// Restores what state() returned (in any order). Throws std::runtime_error
   /// "[ckpt] optimizer state 'exp_avg.decay' has 123 values, expected 456" on a mismatch, and
@@ -55,15 +64,16 @@ class FlatAdamW {
     std::vector<std::string> names;
     std::vector<torch::Tensor> params;
     double weight_decay = 0.0;
-    torch::Tensor flat, grad, exp_avg, exp_avg_sq;  // each (numel,)
+    torch::Tensor flat, grad, exp_avg, exp_avg_sq;  // each (numel,); Muon's momentum is exp_avg
   };
   void flatten(Group& group);
   bool on_cpu_fp32() const;  // the buffers are fp32 on the CPU: the fused loop applies
   void fused_step_cpu(Group& group, double lr, double bias1, double bias2);
+  void muon_step(Group& group, double lr);
 
   Options options_;
   int64_t step_ = 0;
-  Group groups_[2];  // [0] decay, [1] no decay
+  Group groups_[3];  // [0] decay, [1] no decay (AdamW), [2] Muon (empty unless options.muon)
 };
 
 }  // namespace nanogpt::train

@@ -58,8 +58,9 @@ const std::array kKeys = {
     MODEL_KEY(logit_softcap, nullptr),
     KEY(learning_rate, "AdamW"), KEY(max_iters, nullptr), KEY(weight_decay, nullptr),
     KEY(beta1, nullptr), KEY(beta2, nullptr), KEY(grad_clip, nullptr),
-    KEY(decay_lr, "learning rate schedule"), KEY(warmup_iters, nullptr), KEY(lr_decay_iters, nullptr),
-    KEY(min_lr, nullptr),
+    KEY(optimizer, nullptr), KEY(muon_learning_rate, nullptr), KEY(muon_momentum, nullptr),
+    KEY(decay_lr, "learning rate schedule"), KEY(lr_schedule, nullptr), KEY(warmup_iters, nullptr),
+    KEY(lr_decay_iters, nullptr), KEY(min_lr, nullptr), KEY(decay_frac, nullptr),
     KEY(device, "system"), KEY(dtype, nullptr), KEY(seed, nullptr), KEY(num_threads, nullptr),
     KEY(compile, nullptr), KEY(plot, nullptr),
 };
@@ -369,6 +370,11 @@ void TrainConfig::validate() const {
   check(beta1 >= 0 && beta1 < 1, "beta1", d(beta1), "must be in [0, 1), e.g. 0.9");
   check(beta2 >= 0 && beta2 < 1, "beta2", d(beta2), "must be in [0, 1), e.g. 0.99 or 0.95");
   check(grad_clip >= 0, "grad_clip", d(grad_clip), "must be >= 0 (0 turns clipping off)");
+  check(in(optimizer, {"adamw", "muon"}), "optimizer", optimizer, "must be adamw or muon");
+  check(muon_learning_rate > 0, "muon_learning_rate", d(muon_learning_rate), "must be > 0, e.g. 0.02");
+  check(muon_momentum >= 0 && muon_momentum < 1, "muon_momentum", d(muon_momentum), "must be in [0, 1), e.g. 0.95");
+  check(in(lr_schedule, {"cosine", "wsd"}), "lr_schedule", lr_schedule, "must be cosine or wsd");
+  check(decay_frac > 0 && decay_frac <= 1, "decay_frac", d(decay_frac), "must be in (0, 1], e.g. 0.2");
   check(warmup_iters >= 0, "warmup_iters", i(warmup_iters), "must be >= 0");
   if (decay_lr) {  // min_lr and lr_decay_iters only matter with decay
     check(min_lr >= 0, "min_lr", d(min_lr), "must be >= 0");

@@ -35,11 +35,16 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double grad_clip = 1.0;                    // clip the global grad norm at this value; 0 = off
+  std::string optimizer = "adamw";           // adamw | muon (Muon for the blocks' matrices, AdamW for the rest)
+  double muon_learning_rate = 0.02;          // Muon's peak learning rate (follows the same schedule)
+  double muon_momentum = 0.95;               // Muon's (Nesterov) momentum
   // learning rate schedule
-  bool decay_lr = true;                      // warmup + cosine decay; false = constant learning_rate
+  bool decay_lr = true;                      // warmup + decay; false = constant learning_rate
+  std::string lr_schedule = "cosine";        // cosine (nanoGPT) | wsd (warmup, stable, then a linear decay)
   int64_t warmup_iters = 2000;
   int64_t lr_decay_iters = 600000;           // ~ max_iters per Chinchilla
   double min_lr = 6e-5;                      // ~ learning_rate / 10
+  double decay_frac = 0.2;                   // wsd: the decay takes the last decay_frac of lr_decay_iters
   // system
   std::string device = "auto";               // auto | cpu | cuda | cuda:N
   std::string dtype = "float32";             // auto | float32 | bfloat16 | float16 (autocast, fp32 master weights; float16 with loss scaling)

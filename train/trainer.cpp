@@ -121,8 +121,13 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   opt.weight_decay = config_.weight_decay;
   opt.beta1 = config_.beta1;
   opt.beta2 = config_.beta2;
+  opt.muon = config_.optimizer == "muon";
+  opt.muon_lr_scale = config_.muon_learning_rate / config_.learning_rate;
+  opt.muon_momentum = config_.muon_momentum;
+  opt.muon_dtype = amp_dtype_ == torch::kFloat ? torch::kFloat : torch::kBFloat16;  // bf16 where the run has fast bf16
   optimizer_ = std::make_unique<FlatAdamW>(named_parameters(model_), opt);
-  schedule_ = LrSchedule{config_.learning_rate, config_.min_lr, config_.warmup_iters, config_.lr_decay_iters, config_.decay_lr};
+  schedule_ = LrSchedule{config_.learning_rate, config_.min_lr,          config_.warmup_iters, config_.lr_decay_iters,
+                         config_.decay_lr,      config_.lr_schedule == "wsd", config_.decay_frac};
 
   if (resume) {
     auto state = load_checkpoint(last_path, &model_, optimizer_.get());
