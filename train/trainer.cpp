@@ -56,12 +56,6 @@ std::string human(double x) {
   return buf;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> named_parameters(model::GPT& model) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (auto& item : model->named_parameters()) out.emplace_back(item.key(), item.value());
-  return out;
-}
-
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
@@ -121,7 +115,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   opt.weight_decay = config_.weight_decay;
   opt.beta1 = config_.beta1;
   opt.beta2 = config_.beta2;
-  optimizer_ = std::make_unique<FlatAdamW>(named_parameters(model_), opt);
+  optimizer_ = std::make_unique<FlatAdamW>(*model_, opt);
   schedule_ = LrSchedule{config_.learning_rate, config_.min_lr, config_.warmup_iters, config_.lr_decay_iters, config_.decay_lr};
 
   if (resume) {
