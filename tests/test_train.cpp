@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -9,6 +11,8 @@
 #include <limits>
 #include <thread>
 
+#include "data/prepare.h"
+#include "data/token_file.h"
 #include "train/adamw.h"
 #include "train/bench.h"
 #include "train/checkpoint.h"
@@ -191,6 +195,30 @@ TEST(Train, SigintFinishesTheStepSavesAndResumesExactly) {
   stopped.init_from = "resume";
   EXPECT_EQ(train::Trainer(stopped, true).run().iter, 400);
   EXPECT_EQ(train_losses(full.out_dir + "/metrics.csv"), train_losses(stopped.out_dir + "/metrics.csv"));
+}
+
+// A train.bin holding an id past the vocabulary (made from another text, say) is one clear error
+// when the trainer loads it, not an index error inside the embedding at the first step.
+TEST(Train, TokenFileWithIdsPastTheVocabularyIsOneClearError) {
+  TempDir dir("bad_tokens");
+  auto c = tiny_config(dir.path);
+  train::Trainer(c, true);  // prepares the dataset
+  const int64_t V = data::read_meta(c.dataset).vocab.size();
+  const std::string path = c.dataset + "/train.bin";
+  const auto tokens = data::read_token_file(path, V);
+  std::vector<int64_t> ids(tokens.data_ptr<int32_t>(), tokens.data_ptr<int32_t>() + tokens.numel());
+  ids[5] = V + 2;
+  data::write_token_file(path, ids, V + 3);  // the same size: the dataset still counts as prepared
+  try {
+    train::Trainer t(c, true);
+    ADD_FAILURE() << "no error for a token file with an id past the vocabulary";
+  } catch (const std::runtime_error& e) {
+    const std::string message = e.what();
+    const std::string expected = fmt::format("'{}': token {} at index 5 is outside the vocabulary (vocab_size {})", path, V + 2, V);
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+    EXPECT_NE(message.find("nanogpt prepare"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
 }
 
 TEST(Train, NonFiniteLossStopsAndKeepsTheCheckpoint) {

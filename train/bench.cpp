@@ -94,7 +94,7 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
           << model->num_params() / 1e6 << "M params, " << config.model.pos_encoding << ")";
   r.config_summary = summary.str();
   FlatAdamW optimizer(*model, {config.weight_decay, config.beta1, config.beta2, 1e-8});
-  data::BatchSampler sampler(data::read_token_file(config.dataset + "/train.bin"), config.batch_size, config.model.block_size,
+  data::BatchSampler sampler(data::read_token_file(config.dataset + "/train.bin", V), config.batch_size, config.model.block_size,
                              static_cast<uint64_t>(config.seed));
   StepOptions step;
   step.gradient_accumulation_steps = config.gradient_accumulation_steps;

@@ -101,8 +101,8 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     throw std::runtime_error("[train] the checkpoint's vocabulary (" + std::to_string(resume_meta.vocab.size()) +
                              " chars) differs from dataset '" + config_.dataset + "' (" + std::to_string(vocab_.size()) +
                              " chars): resume with the dataset it was trained on");
-  train_tokens_ = data::read_token_file(config_.dataset + "/train.bin");
-  val_tokens_ = data::read_token_file(config_.dataset + "/val.bin");
+  train_tokens_ = data::read_token_file(config_.dataset + "/train.bin", vocab_.size());
+  val_tokens_ = data::read_token_file(config_.dataset + "/val.bin", vocab_.size());
   sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.model.block_size, config_.seed);
   // The val split only needs one window; check it now rather than at the first evaluation.
   data::BatchSampler(val_tokens_, 1, config_.model.block_size, 0);
