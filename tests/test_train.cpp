@@ -197,6 +197,33 @@ TEST(Train, SigintFinishesTheStepSavesAndResumesExactly) {
   EXPECT_EQ(train_losses(full.out_dir + "/metrics.csv"), train_losses(stopped.out_dir + "/metrics.csv"));
 }
 
+// eval_only with init_from=resume evaluates the checkpoint as it is and exits: no step (the live
+// weights and iteration are the checkpoint's), nothing in out_dir rewritten, and the val loss is
+// the one training measured on the same weights at the same iteration.
+TEST(Train, EvalOnlyResumeEvaluatesTheCheckpointAsItIs) {
+  TempDir dir("eval_only");
+  auto c = tiny_config(dir.path);
+  c.max_iters = 10;
+  const auto trained = train::Trainer(c, true).run();  // evaluates at iter 10, then saves
+  const std::string ckpt = c.out_dir + "/" + train::kLastCheckpoint;
+  std::vector<std::string> files = {ckpt, c.out_dir + "/" + train::kBestCheckpoint, c.out_dir + "/metrics.csv",
+                                    c.out_dir + "/config.yaml"};
+  std::vector<std::string> before;
+  for (const auto& f : files) before.push_back(read_text(f));
+  c.init_from = "resume";
+  c.eval_only = true;
+  c.max_iters = 20;  // a run that could continue, and must not
+  train::Trainer evaluator(c, true);
+  const auto result = evaluator.run();
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_EQ(result.iter, 10);
+  EXPECT_EQ(result.last_val_loss, trained.last_val_loss);
+  for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(read_text(files[i]), before[i]) << files[i];
+  auto loaded = train::load_model(ckpt);
+  auto live = evaluator.model()->named_parameters();
+  for (auto& p : loaded.model->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), live[p.key()])) << p.key();
+}
+
 // A train.bin holding an id past the vocabulary (made from another text, say) is one clear error
 // when the trainer loads it, not an index error inside the embedding at the first step.
 TEST(Train, TokenFileWithIdsPastTheVocabularyIsOneClearError) {

@@ -83,7 +83,8 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     config_.validate();
   }
   log_ = make_logger(config_.out_dir + "/train.log", quiet);
-  io::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
+  // An evaluation leaves the training record alone: config.yaml describes the run that trained.
+  if (!config_.eval_only) io::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
 
   // Data: prepared on demand from dataset/input.txt.
   data::PrepareOptions prep;
@@ -158,6 +159,12 @@ double Trainer::estimate_loss(const std::string& split) {
   return sum.item<double>() / static_cast<double>(config_.eval_iters);
 }
 
+std::pair<double, double> Trainer::evaluate() {
+  const double train_loss = estimate_loss("train"), val_loss = estimate_loss("val");
+  log_->info("[eval] iter {} | train {:.4f} | val {:.4f}", iter_, train_loss, val_loss);
+  return {train_loss, val_loss};
+}
+
 void Trainer::save(const std::string& path, bool eval_done) {
   CheckpointMeta meta;
   meta.iter = iter_;
@@ -196,6 +203,16 @@ TrainResult Trainer::run() {
 }
 
 TrainResult Trainer::run_loop() {
+  if (config_.eval_only) {
+    // The model as loaded, evaluated once: no step, and the checkpoints and metrics.csv stay as
+    // they are (a resumed checkpoint's own evaluation may already have run: this one runs anyway).
+    log_start();
+    TrainResult result;
+    result.iter = iter_;
+    result.best_val_loss = best_val_loss_;
+    result.last_val_loss = evaluate().second;
+    return result;
+  }
   StopSignals signals;
   const std::string metrics_path = config_.out_dir + "/metrics.csv";
   const bool resumed = config_.init_from == "resume";
@@ -221,11 +238,10 @@ TrainResult Trainer::run_loop() {
 
   for (;;) {
     const bool at_end = iter_ >= config_.max_iters;
-    if ((iter_ % config_.eval_interval == 0 || at_end || config_.eval_only) && !skip_eval) {
-      const double train_loss = estimate_loss("train"), val_loss = estimate_loss("val");
+    if ((iter_ % config_.eval_interval == 0 || at_end) && !skip_eval) {
+      const auto [train_loss, val_loss] = evaluate();
       last_val = val_loss;
       const double lr = schedule_.at(iter_);
-      log_->info("[eval] iter {} | train {:.4f} | val {:.4f}", iter_, train_loss, val_loss);
       metrics.row(iter_, "train_eval", train_loss, lr, 0, 0);
       metrics.row(iter_, "val", val_loss, lr, 0, 0);
       if (!std::isfinite(val_loss) || !std::isfinite(train_loss))
@@ -238,7 +254,6 @@ TrainResult Trainer::run_loop() {
           log_->warn("[plot] {}", e.what());
         }
       }
-      if (config_.eval_only) break;
       const bool improved = val_loss < best_val_loss_;
       best_val_loss_ = std::min(best_val_loss_, val_loss);
       if (iter_ > 0) {

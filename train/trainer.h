@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "data/batch_sampler.h"
 #include "data/vocab.h"
@@ -35,7 +36,9 @@ class Trainer {
   /// data, unwritable out_dir, resume without a checkpoint, a CUDA device that is not there, etc.
   explicit Trainer(TrainConfig config, bool quiet = false);
 
-  /// Trains until max_iters (or a stop signal); returns what happened.
+  /// Trains until max_iters (or a stop signal); returns what happened. With eval_only, evaluates
+  /// the model as loaded (a resumed checkpoint, or the initial weights) once and returns: no step,
+  /// no checkpoint, no metrics row.
   TrainResult run();
 
   /// Mean loss over eval_iters batches of a split ("train" or "val"), in eval mode, no grad.
@@ -46,6 +49,8 @@ class Trainer {
 
  private:
   TrainResult run_loop();
+  /// Estimates the train and val losses and logs the [eval] line; returns {train, val}.
+  std::pair<double, double> evaluate();
   /// One line for an out-of-memory error: what ran out, the sizes that matter, what to change.
   std::string out_of_memory_message() const;
   void save(const std::string& path, bool eval_done);
