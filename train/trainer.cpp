@@ -287,6 +287,7 @@ TrainResult Trainer::run_loop() {
       metrics.row(iter_, "train", loss_value, lr, ms, tps);
     }
     ++iter_;
+    if (step_hook_) step_hook_(iter_);
 
     if (const int sig = StopSignals::received()) {
       log_->info("[train] signal {} received: saving and stopping at iter {}", sig, iter_);

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,6 +45,10 @@ class Trainer {
   /// Mean loss over eval_iters batches of a split ("train" or "val"), in eval mode, no grad.
   double estimate_loss(const std::string& split);
 
+  /// Called after every optimizer step with the number of steps completed, before the loop checks
+  /// for a stop signal (tests raise SIGINT at an exact step with it).
+  void set_step_hook(std::function<void(int64_t iter)> hook) { step_hook_ = std::move(hook); }
+
   const TrainConfig& config() const { return config_; }
   model::GPT& model() { return model_; }
 
@@ -71,6 +76,7 @@ class Trainer {
   double best_val_loss_ = 1e9;
   bool resumed_eval_done_ = false;
   double peak_flops_ = 0;
+  std::function<void(int64_t)> step_hook_;
 };
 
 }  // namespace nanogpt::train
