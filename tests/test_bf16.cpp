@@ -65,3 +65,25 @@ TEST(Bf16, DropoutScalesKeptValuesByExactlyOneOverOneMinusP) {
   const auto expected_grad = (grad_out.to(torch::kFloat) * kept * (1.0 / (1.0 - p))).to(torch::kBFloat16);
   EXPECT_TRUE(torch::equal(x.grad(), expected_grad));
 }
+
+// One row under autocast takes linear's bf16 arithmetic, as every row of a batch does, not the
+// fp32 matrix-vector fast path; outside autocast the fast path agrees with linear.
+TEST(Bf16, OneRowDenseUnderAutocastMatchesLinear) {
+  SKIP_WITHOUT_BF16();
+  torch::manual_seed(4);
+  const auto w = torch::randn({48, 32}, torch::requires_grad()), b = torch::randn({48}, torch::requires_grad());
+  const auto x = torch::randn({1, 1, 32});
+  torch::Tensor y, reference;
+  {
+    runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+    y = model::dense(x, w, b);
+    reference = torch::nn::functional::linear(x, w, b);
+  }
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(y.sizes(), reference.sizes());
+  EXPECT_TRUE(torch::equal(y, reference));
+  y.to(torch::kFloat).sum().backward();
+  EXPECT_EQ(w.grad().scalar_type(), torch::kFloat);  // fp32 master weights get fp32 gradients
+  EXPECT_TRUE(torch::allclose(w.grad(), x.reshape({1, 32}).expand({48, 32}), 1e-2, 1e-2));
+  EXPECT_TRUE(torch::allclose(model::dense(x, w, b), torch::nn::functional::linear(x, w, b), 1e-5, 1e-6));
+}
