@@ -87,3 +87,66 @@ TEST(Bf16, OneRowDenseUnderAutocastMatchesLinear) {
   EXPECT_TRUE(torch::allclose(w.grad(), x.reshape({1, 32}).expand({48, 32}), 1e-2, 1e-2));
   EXPECT_TRUE(torch::allclose(model::dense(x, w, b), torch::nn::functional::linear(x, w, b), 1e-5, 1e-6));
 }
+
+// One training step under bf16 autocast follows the fp32 step: the forward runs in bf16 (logits
+// bf16, the loss fp32), the loss and the gradients (the optimizer's first moments) agree to bf16
+// precision, the weights stay fp32; then a few dozen bf16 steps learn the batch.
+TEST(Bf16, TrainingStepTracksFloat32) {
+  SKIP_WITHOUT_BF16();
+  torch::manual_seed(6);
+  const auto x = torch::randint(11, {4, 16}), y = torch::randint(11, {4, 16});
+  const auto batch = [&] { return std::make_pair(x, y); };
+  torch::manual_seed(0);
+  model::GPT fp32(tiny_model_config());
+  torch::manual_seed(0);
+  model::GPT bf16(tiny_model_config());
+  train::FlatAdamW fp32_opt(*fp32, {}), bf16_opt(*bf16, {});
+  train::StepOptions fp32_step, bf16_step;
+  bf16_step.autocast_dtype = torch::kBFloat16;
+  {
+    runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+    auto [logits, loss] = bf16->forward(x, y);
+    EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+  }
+  const double lr = 1e-2;
+  const double fp32_loss = train::train_step(fp32, fp32_opt, batch, lr, fp32_step).item<double>();
+  const double bf16_loss = train::train_step(bf16, bf16_opt, batch, lr, bf16_step).item<double>();
+  EXPECT_NEAR(bf16_loss, fp32_loss, 0.02);
+  const auto fp32_state = fp32_opt.state(), bf16_state = bf16_opt.state();
+  for (size_t i = 0; i < fp32_state.size(); ++i) {
+    if (fp32_state[i].first.rfind("exp_avg.", 0) != 0) continue;
+    const auto a = fp32_state[i].second, g = bf16_state[i].second;
+    const double cosine = (a * g).sum().item<double>() / (a.norm() * g.norm()).item<double>();
+    EXPECT_GT(cosine, 0.999) << fp32_state[i].first;
+    EXPECT_NEAR(g.norm().item<double>() / a.norm().item<double>(), 1.0, 0.02) << fp32_state[i].first;
+  }
+  for (const auto& p : bf16->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
+  double last = bf16_loss;
+  for (int step = 0; step < 30; ++step) last = train::train_step(bf16, bf16_opt, batch, lr, bf16_step).item<double>();
+  EXPECT_LT(last, bf16_loss - 1.0);
+}
+
+// A bf16 run with dropout, stopped and resumed, equals the uninterrupted bf16 run bit for bit:
+// autocast, the fp32 dropout mask and evaluation all behave the same after a checkpoint.
+TEST(Bf16, TrainingWithDropoutResumesExactly) {
+  SKIP_WITHOUT_BF16();
+  TempDir dir("bf16_resume");
+  auto full = tiny_config(dir.path + "/full");
+  full.dtype = "bfloat16";
+  full.max_iters = 12;
+  full.eval_interval = 6;
+  const auto result = train::Trainer(full, true).run();
+  EXPECT_TRUE(std::isfinite(result.last_val_loss));
+  auto half = tiny_config(dir.path + "/half");
+  half.dtype = "bfloat16";
+  half.max_iters = 6;
+  half.eval_interval = 6;
+  train::Trainer(half, true).run();
+  half.max_iters = 12;
+  half.init_from = "resume";
+  EXPECT_EQ(train::Trainer(half, true).run().last_val_loss, result.last_val_loss);
+  const auto a = train_losses(full.out_dir + "/metrics.csv"), b = train_losses(half.out_dir + "/metrics.csv");
+  ASSERT_EQ(a.size(), 12u);
+  EXPECT_EQ(a, b);
+}

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <filesystem>
 #include <limits>
+#include <memory>
 
 #include "data/prepare.h"
 #include "data/token_file.h"
@@ -15,6 +16,7 @@
 #include "train/bench.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
+#include "train/step.h"
 #include "train/trainer.h"
 #include "train_fixture.h"
 
@@ -221,6 +223,25 @@ TEST(Train, EvalOnlyResumeEvaluatesTheCheckpointAsItIs) {
   for (auto& p : loaded.model->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), live[p.key()])) << p.key();
 }
 
+// Evaluation runs in eval mode: with dropout 0.3 the estimate is the same at every call and equals
+// that of the same weights without dropout.
+TEST(Train, EvaluationRunsWithoutDropout) {
+  TempDir dir("eval_no_dropout");
+  auto c = tiny_config(dir.path);
+  c.model.dropout = 0.3;
+  train::Trainer with_dropout(c, true);
+  c.model.dropout = 0.0;
+  c.out_dir = dir.path + "/out_no_dropout";
+  train::Trainer without_dropout(c, true);
+  auto same = without_dropout.model()->named_parameters();
+  for (auto& p : with_dropout.model()->named_parameters()) ASSERT_TRUE(torch::equal(p.value(), same[p.key()])) << p.key();
+  const double val = with_dropout.estimate_loss("val");
+  EXPECT_EQ(with_dropout.estimate_loss("val"), val);
+  EXPECT_EQ(without_dropout.estimate_loss("val"), val);
+  EXPECT_EQ(with_dropout.estimate_loss("train"), without_dropout.estimate_loss("train"));
+  EXPECT_TRUE(with_dropout.model()->is_training());  // back in training mode for the next step
+}
+
 // A train.bin holding an id past the vocabulary (made from another text, say) is one clear error
 // when the trainer loads it, not an index error inside the embedding at the first step.
 TEST(Train, TokenFileWithIdsPastTheVocabularyIsOneClearError) {
@@ -243,6 +264,43 @@ TEST(Train, TokenFileWithIdsPastTheVocabularyIsOneClearError) {
     EXPECT_NE(message.find("nanogpt prepare"), std::string::npos) << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
+}
+
+// k micro-batches of gradient accumulation are one step on the k-times batch: each micro-batch
+// loss is scaled by 1/k, so the gradients add up to those of the mean over all k * B rows.
+TEST(TrainStep, GradientAccumulationEqualsOneLargerBatch) {
+  const model::ModelConfig config = tiny_model_config();
+  const int64_t k = 4, B = 3;
+  torch::manual_seed(5);
+  const auto x = torch::randint(11, {k * B, 8}), y = torch::randint(11, {k * B, 8});
+  const auto make = [&] {
+    torch::manual_seed(0);
+    model::GPT gpt(config);
+    return std::make_pair(gpt, std::make_unique<train::FlatAdamW>(*gpt, train::FlatAdamW::Options{}));
+  };
+  auto [accumulated, accumulated_opt] = make();
+  auto [whole, whole_opt] = make();
+  train::StepOptions micro_steps;
+  micro_steps.gradient_accumulation_steps = k;
+  int64_t micro = 0;
+  const auto next_micro_batch = [&] {
+    const int64_t start = B * micro++;
+    return std::make_pair(x.narrow(0, start, B), y.narrow(0, start, B));
+  };
+  const double lr = 1e-3;
+  const double accumulated_loss = train::train_step(accumulated, *accumulated_opt, next_micro_batch, lr, micro_steps).item<double>();
+  const double whole_loss = train::train_step(whole, *whole_opt, [&] { return std::make_pair(x, y); }, lr, {}).item<double>();
+  EXPECT_EQ(micro, k);
+  EXPECT_NEAR(accumulated_loss / k, whole_loss, 1e-6);
+  // The first moments are 0.1 * gradient: the gradients agree to 1e-6 / 0.1.
+  const auto a_state = accumulated_opt->state(), w_state = whole_opt->state();
+  for (size_t i = 0; i < a_state.size(); ++i) {
+    const double diff = (a_state[i].second.to(torch::kDouble) - w_state[i].second.to(torch::kDouble)).abs().max().item<double>();
+    EXPECT_LE(diff, a_state[i].first.rfind("exp_avg.", 0) == 0 ? 1e-7 : 1e-6) << a_state[i].first;
+  }
+  auto w_params = whole->named_parameters();
+  for (auto& p : accumulated->named_parameters())
+    EXPECT_LE((p.value() - w_params[p.key()]).abs().max().item<double>(), 1e-6) << p.key();
 }
 
 TEST(Train, NonFiniteLossStopsAndKeepsTheCheckpoint) {
