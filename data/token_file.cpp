@@ -2,6 +2,8 @@
 // Bytes are assembled explicitly so the format does not depend on the host's byte order.
 #include "data/token_file.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <stdexcept>
 
@@ -53,7 +55,7 @@ void write_token_file(const std::string& path, const std::vector<int64_t>& token
   io::write_bytes_atomically(path, bytes);
 }
 
-torch::Tensor read_token_file(const std::string& path) {
+torch::Tensor read_token_file(const std::string& path, int64_t vocab_size) {
   const std::string bytes = io::read_file(path);
   if (bytes.empty()) bad_file(path, "the file is empty, not a token file");
   if (bytes.size() < kHeaderBytes) {
@@ -80,16 +82,18 @@ torch::Tensor read_token_file(const std::string& path) {
   auto tokens = torch::empty({static_cast<int64_t>(count)}, torch::kInt32);
   int32_t* out = tokens.data_ptr<int32_t>();
   const unsigned char* in = p + kHeaderBytes;
-  if (width == 2) {
-    for (uint64_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(in[2 * i] | (in[2 * i + 1] << 8));
-  } else {
-    for (uint64_t i = 0; i < count; ++i) {
-      const uint64_t v = get_le(in + 4 * i, 4);
-      if (v > static_cast<uint64_t>(INT32_MAX)) {
-        bad_file(path, "token " + std::to_string(v) + " at index " + std::to_string(i) + " does not fit in int32");
-      }
-      out[i] = static_cast<int32_t>(v);
+  const uint64_t ids = vocab_size > 0 ? static_cast<uint64_t>(vocab_size) : 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t id = get_le(in + width * i, static_cast<int>(width));
+    // An id past the vocabulary would index past the embedding table at the first step.
+    if (id >= ids) {
+      bad_file(path, fmt::format("token {} at index {} is outside the vocabulary (vocab_size {}): the tokens were "
+                                 "not made with this dataset's meta.bin",
+                                 id, i, vocab_size));
     }
+    if (id > static_cast<uint64_t>(INT32_MAX))
+      bad_file(path, fmt::format("token {} at index {} does not fit in int32", id, i));
+    out[i] = static_cast<int32_t>(id);
   }
   return tokens;
 }

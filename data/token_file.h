@@ -22,8 +22,10 @@ constexpr uint32_t kTokenFileVersion = 1;
 /// Width is 2 when vocab_size <= 65536, else 4. Throws "[data] cannot write '...': reason".
 void write_token_file(const std::string& path, const std::vector<int64_t>& tokens, int64_t vocab_size);
 
-/// Reads and validates a token file: magic, version, width, and that the file length matches the
-/// count. Returns a 1-D int32 CPU tensor. Throws "[data] 'path': <what is wrong> (hint)".
-torch::Tensor read_token_file(const std::string& path);
+/// Reads and validates a token file: magic, version, width, that the file length matches the count,
+/// and that every token is an id of the dataset's vocabulary (< vocab_size; a file prepared from
+/// another text is refused here, not deep inside the embedding). Returns a 1-D int32 CPU tensor.
+/// Throws "[data] 'path': <what is wrong> (hint)".
+torch::Tensor read_token_file(const std::string& path, int64_t vocab_size);
 
 }  // namespace nanogpt::data

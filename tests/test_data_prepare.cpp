@@ -72,8 +72,8 @@ TEST(Prepare, ShakespeareSplitMatchesNanoGpt) {
   const std::set<char> bytes(text.begin(), text.end());
   EXPECT_EQ(encode_utf8(meta.vocab.chars()), std::string(bytes.begin(), bytes.end()));
 
-  const auto train = read_token_file(dir / "train.bin");
-  const auto val = read_token_file(dir / "val.bin");
+  const auto train = read_token_file(dir / "train.bin", meta.vocab.size());
+  const auto val = read_token_file(dir / "val.bin", meta.vocab.size());
   EXPECT_EQ(train.scalar_type(), torch::kInt32);
   EXPECT_EQ(train.numel(), 1003854);
   EXPECT_EQ(val.numel(), 111540);
@@ -89,8 +89,8 @@ TEST(Prepare, SplitsByCharactersNotBytes) {
   EXPECT_EQ(meta.train_tokens, 23);  // int(26 * 0.9)
   EXPECT_EQ(meta.val_tokens, 3);
   const std::u32string chars = decode_utf8(text);
-  EXPECT_EQ(meta.vocab.decode(to_ids(read_token_file(dir / "out/train.bin"))), encode_utf8(chars.substr(0, 23)));
-  EXPECT_EQ(meta.vocab.decode(to_ids(read_token_file(dir / "out/val.bin"))), "。𠀀\n");
+  EXPECT_EQ(meta.vocab.decode(to_ids(read_token_file(dir / "out/train.bin", meta.vocab.size()))), encode_utf8(chars.substr(0, 23)));
+  EXPECT_EQ(meta.vocab.decode(to_ids(read_token_file(dir / "out/val.bin", meta.vocab.size()))), "。𠀀\n");
   EXPECT_EQ(meta.input_bytes, text.size());
 }
 
@@ -112,7 +112,7 @@ TEST(TokenFile, RoundTripsWithTwoByteTokens) {
   EXPECT_EQ(bytes.substr(8, 8), std::string("\x01\0\0\0\x02\0\0\0", 8));  // version 1, width 2
   EXPECT_EQ(bytes.substr(16, 8), std::string("\x05\0\0\0\0\0\0\0", 8));   // count 5
   EXPECT_EQ(bytes.substr(24 + 3 * 2, 2), "\x2C\x01");                     // tokens[3] = 300, little-endian
-  const auto back = read_token_file(dir / "t.bin");
+  const auto back = read_token_file(dir / "t.bin", 65536);
   EXPECT_EQ(back.scalar_type(), torch::kInt32);
   EXPECT_EQ(to_ids(back), tokens);
 }
@@ -123,16 +123,16 @@ TEST(TokenFile, RoundTripsWithFourByteTokens) {
   write_token_file(dir / "t.bin", tokens, 70000);
   EXPECT_EQ(fs::file_size(dir / "t.bin"), 24u + 4 * tokens.size());
   EXPECT_EQ(read_file(dir / "t.bin").substr(12, 4), std::string("\x04\0\0\0", 4));
-  EXPECT_EQ(to_ids(read_token_file(dir / "t.bin")), tokens);
+  EXPECT_EQ(to_ids(read_token_file(dir / "t.bin", 70000)), tokens);
   write_token_file(dir / "empty.bin", {}, 70000);
-  EXPECT_EQ(read_token_file(dir / "empty.bin").numel(), 0);
+  EXPECT_EQ(read_token_file(dir / "empty.bin", 70000).numel(), 0);
 }
 
 TEST(TokenFile, CorruptionIsDetected) {
   ScratchDir dir;
   const std::string path = dir / "t.bin";
   const auto expect_error = [&](const std::string& what) {
-    const std::string msg = error_of([&] { read_token_file(path); });
+    const std::string msg = error_of([&] { read_token_file(path, 10); });
     EXPECT_NE(msg.find(what), std::string::npos) << msg;
     EXPECT_NE(msg.find(path), std::string::npos) << msg;
   };
@@ -160,7 +160,22 @@ TEST(TokenFile, CorruptionIsDetected) {
   expect_error("shorter than the 24-byte");
   write_text(path, "");
   expect_error("empty");
-  EXPECT_NE(error_of([&] { read_token_file(dir / "missing.bin"); }).find("No such file"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_token_file(dir / "missing.bin", 10); }).find("No such file"), std::string::npos);
+}
+
+// A token file from another dataset (or a stale one beside a new meta.bin) holds ids the vocabulary
+// lacks: one line naming the file, the id and the vocabulary size, not an index error at the first step.
+TEST(TokenFile, ReadRefusesTokensOutsideTheVocabulary) {
+  ScratchDir dir;
+  const std::string path = dir / "train.bin";
+  write_token_file(path, {0, 64, 70, 3}, 100);
+  EXPECT_EQ(to_ids(read_token_file(path, 71)), (std::vector<int64_t>{0, 64, 70, 3}));
+  const std::string msg = error_of([&] { read_token_file(path, 65); });
+  EXPECT_EQ(msg.rfind("[data] '" + path + "': token 70 at index 2 is outside the vocabulary (vocab_size 65)", 0), 0u) << msg;
+  EXPECT_NE(msg.find("re-run `nanogpt prepare`"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  write_token_file(path, {65535}, 65536);  // the largest two-byte id
+  EXPECT_NE(error_of([&] { read_token_file(path, 65535); }).find("token 65535 at index 0"), std::string::npos);
 }
 
 TEST(TokenFile, WriteRejectsTokensOutsideTheVocabularyAndLeavesNoFile) {

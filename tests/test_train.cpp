@@ -2,17 +2,21 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <chrono>
+#include <fmt/format.h>
+
 #include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <limits>
-#include <thread>
+#include <memory>
 
+#include "data/prepare.h"
+#include "data/token_file.h"
 #include "train/adamw.h"
 #include "train/bench.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
+#include "train/step.h"
 #include "train/trainer.h"
 #include "train_fixture.h"
 
@@ -167,30 +171,136 @@ TEST(Train, ResumeIsBitwiseExact) {
   EXPECT_EQ(a, b);
 }
 
+// SIGINT during step 7, raised by the step hook so that nothing depends on timing: the step
+// finishes, the checkpoint is saved at exactly iter 7, the exit code is 130, and resuming gives the
+// uninterrupted run's losses.
 TEST(Train, SigintFinishesTheStepSavesAndResumesExactly) {
   TempDir dir("sigint");
   auto full = tiny_config(dir.path + "/full");
-  full.max_iters = 400;
   full.eval_interval = 1000;
   train::Trainer(full, true).run();
   auto stopped = tiny_config(dir.path + "/stopped");
-  stopped.max_iters = 400;
   stopped.eval_interval = 1000;
   train::Trainer trainer(stopped, true);
-  std::thread killer([] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    std::raise(SIGINT);
+  trainer.set_step_hook([](int64_t iter) {
+    if (iter == 7) std::raise(SIGINT);
   });
   auto result = trainer.run();
-  killer.join();
-  ASSERT_EQ(result.exit_code, 130);
-  ASSERT_LT(result.iter, 400) << "training finished before the signal; make the run longer";
+  EXPECT_EQ(result.exit_code, 130);
+  EXPECT_EQ(result.iter, 7);
   auto meta = train::read_checkpoint_meta(stopped.out_dir + "/" + train::kLastCheckpoint);
-  EXPECT_EQ(meta.iter, result.iter);
+  EXPECT_EQ(meta.iter, 7);
   EXPECT_FALSE(meta.eval_done);
   stopped.init_from = "resume";
-  EXPECT_EQ(train::Trainer(stopped, true).run().iter, 400);
+  EXPECT_EQ(train::Trainer(stopped, true).run().iter, 20);
   EXPECT_EQ(train_losses(full.out_dir + "/metrics.csv"), train_losses(stopped.out_dir + "/metrics.csv"));
+}
+
+// eval_only with init_from=resume evaluates the checkpoint as it is and exits: no step (the live
+// weights and iteration are the checkpoint's), nothing in out_dir rewritten, and the val loss is
+// the one training measured on the same weights at the same iteration.
+TEST(Train, EvalOnlyResumeEvaluatesTheCheckpointAsItIs) {
+  TempDir dir("eval_only");
+  auto c = tiny_config(dir.path);
+  c.max_iters = 10;
+  const auto trained = train::Trainer(c, true).run();  // evaluates at iter 10, then saves
+  const std::string ckpt = c.out_dir + "/" + train::kLastCheckpoint;
+  std::vector<std::string> files = {ckpt, c.out_dir + "/" + train::kBestCheckpoint, c.out_dir + "/metrics.csv",
+                                    c.out_dir + "/config.yaml"};
+  std::vector<std::string> before;
+  for (const auto& f : files) before.push_back(read_text(f));
+  c.init_from = "resume";
+  c.eval_only = true;
+  c.max_iters = 20;  // a run that could continue, and must not
+  train::Trainer evaluator(c, true);
+  const auto result = evaluator.run();
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_EQ(result.iter, 10);
+  EXPECT_EQ(result.last_val_loss, trained.last_val_loss);
+  for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(read_text(files[i]), before[i]) << files[i];
+  auto loaded = train::load_model(ckpt);
+  auto live = evaluator.model()->named_parameters();
+  for (auto& p : loaded.model->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), live[p.key()])) << p.key();
+}
+
+// Evaluation runs in eval mode: with dropout 0.3 the estimate is the same at every call and equals
+// that of the same weights without dropout.
+TEST(Train, EvaluationRunsWithoutDropout) {
+  TempDir dir("eval_no_dropout");
+  auto c = tiny_config(dir.path);
+  c.model.dropout = 0.3;
+  train::Trainer with_dropout(c, true);
+  c.model.dropout = 0.0;
+  c.out_dir = dir.path + "/out_no_dropout";
+  train::Trainer without_dropout(c, true);
+  auto same = without_dropout.model()->named_parameters();
+  for (auto& p : with_dropout.model()->named_parameters()) ASSERT_TRUE(torch::equal(p.value(), same[p.key()])) << p.key();
+  const double val = with_dropout.estimate_loss("val");
+  EXPECT_EQ(with_dropout.estimate_loss("val"), val);
+  EXPECT_EQ(without_dropout.estimate_loss("val"), val);
+  EXPECT_EQ(with_dropout.estimate_loss("train"), without_dropout.estimate_loss("train"));
+  EXPECT_TRUE(with_dropout.model()->is_training());  // back in training mode for the next step
+}
+
+// A train.bin holding an id past the vocabulary (made from another text, say) is one clear error
+// when the trainer loads it, not an index error inside the embedding at the first step.
+TEST(Train, TokenFileWithIdsPastTheVocabularyIsOneClearError) {
+  TempDir dir("bad_tokens");
+  auto c = tiny_config(dir.path);
+  train::Trainer(c, true);  // prepares the dataset
+  const int64_t V = data::read_meta(c.dataset).vocab.size();
+  const std::string path = c.dataset + "/train.bin";
+  const auto tokens = data::read_token_file(path, V);
+  std::vector<int64_t> ids(tokens.data_ptr<int32_t>(), tokens.data_ptr<int32_t>() + tokens.numel());
+  ids[5] = V + 2;
+  data::write_token_file(path, ids, V + 3);  // the same size: the dataset still counts as prepared
+  try {
+    train::Trainer t(c, true);
+    ADD_FAILURE() << "no error for a token file with an id past the vocabulary";
+  } catch (const std::runtime_error& e) {
+    const std::string message = e.what();
+    const std::string expected = fmt::format("'{}': token {} at index 5 is outside the vocabulary (vocab_size {})", path, V + 2, V);
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+    EXPECT_NE(message.find("nanogpt prepare"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+// k micro-batches of gradient accumulation are one step on the k-times batch: each micro-batch
+// loss is scaled by 1/k, so the gradients add up to those of the mean over all k * B rows.
+TEST(TrainStep, GradientAccumulationEqualsOneLargerBatch) {
+  const model::ModelConfig config = tiny_model_config();
+  const int64_t k = 4, B = 3;
+  torch::manual_seed(5);
+  const auto x = torch::randint(11, {k * B, 8}), y = torch::randint(11, {k * B, 8});
+  const auto make = [&] {
+    torch::manual_seed(0);
+    model::GPT gpt(config);
+    return std::make_pair(gpt, std::make_unique<train::FlatAdamW>(*gpt, train::FlatAdamW::Options{}));
+  };
+  auto [accumulated, accumulated_opt] = make();
+  auto [whole, whole_opt] = make();
+  train::StepOptions micro_steps;
+  micro_steps.gradient_accumulation_steps = k;
+  int64_t micro = 0;
+  const auto next_micro_batch = [&] {
+    const int64_t start = B * micro++;
+    return std::make_pair(x.narrow(0, start, B), y.narrow(0, start, B));
+  };
+  const double lr = 1e-3;
+  const double accumulated_loss = train::train_step(accumulated, *accumulated_opt, next_micro_batch, lr, micro_steps).item<double>();
+  const double whole_loss = train::train_step(whole, *whole_opt, [&] { return std::make_pair(x, y); }, lr, {}).item<double>();
+  EXPECT_EQ(micro, k);
+  EXPECT_NEAR(accumulated_loss / k, whole_loss, 1e-6);
+  // The first moments are 0.1 * gradient: the gradients agree to 1e-6 / 0.1.
+  const auto a_state = accumulated_opt->state(), w_state = whole_opt->state();
+  for (size_t i = 0; i < a_state.size(); ++i) {
+    const double diff = (a_state[i].second.to(torch::kDouble) - w_state[i].second.to(torch::kDouble)).abs().max().item<double>();
+    EXPECT_LE(diff, a_state[i].first.rfind("exp_avg.", 0) == 0 ? 1e-7 : 1e-6) << a_state[i].first;
+  }
+  auto w_params = whole->named_parameters();
+  for (auto& p : accumulated->named_parameters())
+    EXPECT_LE((p.value() - w_params[p.key()]).abs().max().item<double>(), 1e-6) << p.key();
 }
 
 TEST(Train, NonFiniteLossStopsAndKeepsTheCheckpoint) {

@@ -31,6 +31,18 @@ struct TempDir {
   ~TempDir() { std::filesystem::remove_all(path); }
 };
 
+/// A tiny model for step-level tests: 2 layers, 2 heads, 32 wide, block 16, vocab 11, no dropout.
+inline model::ModelConfig tiny_model_config() {
+  model::ModelConfig c;
+  c.vocab_size = 11;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.dropout = 0.0;
+  return c;
+}
+
 /// The first `chars` bytes of tiny Shakespeare as dir/data/input.txt, and a tiny model config.
 inline train::TrainConfig tiny_config(const std::string& dir, size_t chars = 20000) {
   std::filesystem::create_directories(dir + "/data");

@@ -10,6 +10,17 @@
 #include "train/muon.h"
 
 namespace nanogpt::train {
+namespace {
+
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : module.named_parameters()) named.emplace_back(item.key(), item.value());
+  return named;
+}
+
+}  // namespace
+
+FlatAdamW::FlatAdamW(const torch::nn::Module& module, Options options) : FlatAdamW(named_parameters(module), options) {}
 
 FlatAdamW::FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& named_params, Options options)
     : options_(options) {

@@ -30,6 +30,8 @@ class FlatAdamW {
 
   /// Takes over `named_params` (rebinding their storage into the flat buffers).
   FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& named_params, Options options);
+  /// Takes over every parameter of `module` (a model), by name, in the module's order.
+  FlatAdamW(const torch::nn::Module& module, Options options);
 
   /// Clips the global L2 norm of all gradients to max_norm (no host sync); returns the norm before
   /// clipping as a 0-d tensor.

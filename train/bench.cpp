@@ -93,10 +93,8 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
           << config.batch_size << "x" << config.gradient_accumulation_steps << " vocab " << V << " ("
           << model->num_params() / 1e6 << "M params, " << config.model.pos_encoding << ")";
   r.config_summary = summary.str();
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (auto& p : model->named_parameters()) named.emplace_back(p.key(), p.value());
-  FlatAdamW optimizer(named, {config.weight_decay, config.beta1, config.beta2, 1e-8});
-  data::BatchSampler sampler(data::read_token_file(config.dataset + "/train.bin"), config.batch_size, config.model.block_size,
+  FlatAdamW optimizer(*model, {config.weight_decay, config.beta1, config.beta2, 1e-8});
+  data::BatchSampler sampler(data::read_token_file(config.dataset + "/train.bin", V), config.batch_size, config.model.block_size,
                              static_cast<uint64_t>(config.seed));
   StepOptions step;
   step.gradient_accumulation_steps = config.gradient_accumulation_steps;

@@ -56,12 +56,6 @@ std::string human(double x) {
   return buf;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> named_parameters(model::GPT& model) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (auto& item : model->named_parameters()) out.emplace_back(item.key(), item.value());
-  return out;
-}
-
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
@@ -89,7 +83,8 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     config_.validate();
   }
   log_ = make_logger(config_.out_dir + "/train.log", quiet);
-  io::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
+  // An evaluation leaves the training record alone: config.yaml describes the run that trained.
+  if (!config_.eval_only) io::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
 
   // Data: prepared on demand from dataset/input.txt.
   data::PrepareOptions prep;
@@ -107,8 +102,8 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     throw std::runtime_error("[train] the checkpoint's vocabulary (" + std::to_string(resume_meta.vocab.size()) +
                              " chars) differs from dataset '" + config_.dataset + "' (" + std::to_string(vocab_.size()) +
                              " chars): resume with the dataset it was trained on");
-  train_tokens_ = data::read_token_file(config_.dataset + "/train.bin");
-  val_tokens_ = data::read_token_file(config_.dataset + "/val.bin");
+  train_tokens_ = data::read_token_file(config_.dataset + "/train.bin", vocab_.size());
+  val_tokens_ = data::read_token_file(config_.dataset + "/val.bin", vocab_.size());
   sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.model.block_size, config_.seed);
   // The val split only needs one window; check it now rather than at the first evaluation.
   data::BatchSampler(val_tokens_, 1, config_.model.block_size, 0);
@@ -125,7 +120,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   opt.muon_lr_scale = config_.muon_learning_rate / config_.learning_rate;
   opt.muon_momentum = config_.muon_momentum;
   opt.muon_dtype = amp_dtype_ == torch::kFloat ? torch::kFloat : torch::kBFloat16;  // bf16 where the run has fast bf16
-  optimizer_ = std::make_unique<FlatAdamW>(named_parameters(model_), opt);
+  optimizer_ = std::make_unique<FlatAdamW>(*model_, opt);
   schedule_ = LrSchedule{config_.learning_rate, config_.min_lr,          config_.warmup_iters, config_.lr_decay_iters,
                          config_.decay_lr,      config_.lr_schedule == "wsd", config_.decay_frac};
 
@@ -169,6 +164,12 @@ double Trainer::estimate_loss(const std::string& split) {
   return sum.item<double>() / static_cast<double>(config_.eval_iters);
 }
 
+std::pair<double, double> Trainer::evaluate() {
+  const double train_loss = estimate_loss("train"), val_loss = estimate_loss("val");
+  log_->info("[eval] iter {} | train {:.4f} | val {:.4f}", iter_, train_loss, val_loss);
+  return {train_loss, val_loss};
+}
+
 void Trainer::save(const std::string& path, bool eval_done) {
   CheckpointMeta meta;
   meta.iter = iter_;
@@ -207,6 +208,16 @@ TrainResult Trainer::run() {
 }
 
 TrainResult Trainer::run_loop() {
+  if (config_.eval_only) {
+    // The model as loaded, evaluated once: no step, and the checkpoints and metrics.csv stay as
+    // they are (a resumed checkpoint's own evaluation may already have run: this one runs anyway).
+    log_start();
+    TrainResult result;
+    result.iter = iter_;
+    result.best_val_loss = best_val_loss_;
+    result.last_val_loss = evaluate().second;
+    return result;
+  }
   StopSignals signals;
   const std::string metrics_path = config_.out_dir + "/metrics.csv";
   const bool resumed = config_.init_from == "resume";
@@ -232,11 +243,10 @@ TrainResult Trainer::run_loop() {
 
   for (;;) {
     const bool at_end = iter_ >= config_.max_iters;
-    if ((iter_ % config_.eval_interval == 0 || at_end || config_.eval_only) && !skip_eval) {
-      const double train_loss = estimate_loss("train"), val_loss = estimate_loss("val");
+    if ((iter_ % config_.eval_interval == 0 || at_end) && !skip_eval) {
+      const auto [train_loss, val_loss] = evaluate();
       last_val = val_loss;
       const double lr = schedule_.at(iter_);
-      log_->info("[eval] iter {} | train {:.4f} | val {:.4f}", iter_, train_loss, val_loss);
       metrics.row(iter_, "train_eval", train_loss, lr, 0, 0);
       metrics.row(iter_, "val", val_loss, lr, 0, 0);
       if (!std::isfinite(val_loss) || !std::isfinite(train_loss))
@@ -249,7 +259,6 @@ TrainResult Trainer::run_loop() {
           log_->warn("[plot] {}", e.what());
         }
       }
-      if (config_.eval_only) break;
       const bool improved = val_loss < best_val_loss_;
       best_val_loss_ = std::min(best_val_loss_, val_loss);
       if (iter_ > 0) {
@@ -283,6 +292,7 @@ TrainResult Trainer::run_loop() {
       metrics.row(iter_, "train", loss_value, lr, ms, tps);
     }
     ++iter_;
+    if (step_hook_) step_hook_(iter_);
 
     if (const int sig = StopSignals::received()) {
       log_->info("[train] signal {} received: saving and stopping at iter {}", sig, iter_);

@@ -7,8 +7,10 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "data/batch_sampler.h"
 #include "data/vocab.h"
@@ -35,17 +37,25 @@ class Trainer {
   /// data, unwritable out_dir, resume without a checkpoint, a CUDA device that is not there, etc.
   explicit Trainer(TrainConfig config, bool quiet = false);
 
-  /// Trains until max_iters (or a stop signal); returns what happened.
+  /// Trains until max_iters (or a stop signal); returns what happened. With eval_only, evaluates
+  /// the model as loaded (a resumed checkpoint, or the initial weights) once and returns: no step,
+  /// no checkpoint, no metrics row.
   TrainResult run();
 
   /// Mean loss over eval_iters batches of a split ("train" or "val"), in eval mode, no grad.
   double estimate_loss(const std::string& split);
+
+  /// Called after every optimizer step with the number of steps completed, before the loop checks
+  /// for a stop signal (tests raise SIGINT at an exact step with it).
+  void set_step_hook(std::function<void(int64_t iter)> hook) { step_hook_ = std::move(hook); }
 
   const TrainConfig& config() const { return config_; }
   model::GPT& model() { return model_; }
 
  private:
   TrainResult run_loop();
+  /// Estimates the train and val losses and logs the [eval] line; returns {train, val}.
+  std::pair<double, double> evaluate();
   /// One line for an out-of-memory error: what ran out, the sizes that matter, what to change.
   std::string out_of_memory_message() const;
   void save(const std::string& path, bool eval_done);
@@ -66,6 +76,7 @@ class Trainer {
   double best_val_loss_ = 1e9;
   bool resumed_eval_done_ = false;
   double peak_flops_ = 0;
+  std::function<void(int64_t)> step_hook_;
 };
 
 }  // namespace nanogpt::train

@@ -23,14 +23,16 @@ uint64_t next_seed() {
   return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
 }
 
-// mask[i] = (hash slice >= threshold) * scale, in x's dtype.
+// mask[i] = (hash slice >= threshold) * scale, in fp32 or fp64: a bf16 or fp16 mask would round the
+// scale (1 / 0.9 becomes 1.109375 in bf16), so those inputs get an fp32 mask (see fast_dropout).
 torch::Tensor make_mask(const torch::Tensor& like, double p) {
-  auto mask = torch::empty(like.sizes(), like.options().memory_format(torch::MemoryFormat::Contiguous));
+  const auto dtype = like.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  auto mask = torch::empty(like.sizes(), like.options().dtype(dtype).memory_format(torch::MemoryFormat::Contiguous));
   const int64_t n = mask.numel();
   const uint64_t seed = next_seed();
   const uint32_t threshold = static_cast<uint32_t>(std::lround(p * 65536.0));
   const double scale = 1.0 / (1.0 - p);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, mask.scalar_type(), "nanogpt_dropout_mask", [&] {
+  AT_DISPATCH_FLOATING_TYPES(mask.scalar_type(), "nanogpt_dropout_mask", [&] {
     scalar_t* out = mask.data_ptr<scalar_t>();
     const scalar_t keep = static_cast<scalar_t>(scale), drop = static_cast<scalar_t>(0);
     const int64_t words = (n + 3) / 4;  // each 64-bit hash decides 4 elements
@@ -56,7 +58,11 @@ torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training) {
     torch::NoGradGuard no_grad;
     mask = make_mask(x, p);
   }
-  return x * mask;
+  // A bf16 / fp16 x times the fp32 mask is an fp32 product, rounded once to x's dtype: each kept
+  // value is x / (1 - p) to the nearest bf16 (as CUDA's fused dropout computes it), and so is its
+  // gradient (autograd casts it back through the same two steps).
+  auto y = x * mask;
+  return y.scalar_type() == x.scalar_type() ? y : y.to(x.scalar_type());
 }
 
 }  // namespace nanogpt::model

@@ -1,0 +1,152 @@
+// bf16 autocast on the CPU, against fp32 references: dropout's scale, the one-row dense path, a
+// training step, and a bf16 training run that resumes exactly. A CPU without bf16 instructions runs
+// these through LibTorch's scalar kernels: slow for real models, a second or two for these.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+#include <memory>
+
+#include "model/fast/dropout.h"
+#include "model/fast/linear.h"
+#include "model/gpt.h"
+#include "runtime/device.h"
+#include "train/adamw.h"
+#include "train/step.h"
+#include "train/trainer.h"
+#include "train_fixture.h"
+
+using namespace nanogpt;
+using namespace nanogpt::testing;
+
+namespace {
+
+// Whether this LibTorch build multiplies bf16 matrices on the CPU at all (fast or not).
+bool cpu_runs_bf16() {
+  try {
+    const auto a = torch::ones({4, 4}, torch::kBFloat16);
+    return a.matmul(a).sum().item<double>() == 64.0;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+#define SKIP_WITHOUT_BF16() \
+  if (!cpu_runs_bf16()) GTEST_SKIP() << "this LibTorch cannot multiply bf16 matrices on the CPU"
+
+}  // namespace
+
+// Kept values are x / (1 - p) rounded once to bf16, not x times a bf16-rounded scale (1 / 0.9 is
+// 1.109375 in bf16, 0.16% low); the gradient likewise.
+TEST(Bf16, DropoutScalesKeptValuesByExactlyOneOverOneMinusP) {
+  SKIP_WITHOUT_BF16();
+  const double p = 0.1;
+  torch::manual_seed(3);
+  // [1, 2): positive, and x / 0.9 needs more bits than bf16 holds, so any rounding of the scale shows.
+  auto x = (torch::rand({256, 256}) + 1.0).to(torch::kBFloat16).requires_grad_();
+  torch::Tensor y;
+  {
+    runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+    model::Dropout dropout(p);
+    y = dropout(x);
+  }
+  ASSERT_EQ(y.scalar_type(), torch::kBFloat16);
+  const auto kept = y != 0;
+  EXPECT_NEAR(1.0 - kept.to(torch::kDouble).mean().item<double>(), p, 0.005);
+  const auto expected = (x.detach().to(torch::kFloat) * (1.0 / (1.0 - p))).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(y.masked_select(kept), expected.masked_select(kept)));
+  const double scale = y.detach().to(torch::kDouble).sum().item<double>() /
+                       (x.detach().to(torch::kDouble) * kept).sum().item<double>();
+  std::cout << "[bf16] dropout p=0.1: kept values scaled by " << scale << " (1 / 0.9 = " << 1.0 / 0.9 << ")\n";
+  EXPECT_NEAR(scale, 1.0 / (1.0 - p), 1e-4);
+
+  const auto grad_out = (torch::rand({256, 256}) + 1.0).to(torch::kBFloat16);
+  y.backward(grad_out);
+  const auto expected_grad = (grad_out.to(torch::kFloat) * kept * (1.0 / (1.0 - p))).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(x.grad(), expected_grad));
+}
+
+// One row under autocast takes linear's bf16 arithmetic, as every row of a batch does, not the
+// fp32 matrix-vector fast path; outside autocast the fast path agrees with linear.
+TEST(Bf16, OneRowDenseUnderAutocastMatchesLinear) {
+  SKIP_WITHOUT_BF16();
+  torch::manual_seed(4);
+  const auto w = torch::randn({48, 32}, torch::requires_grad()), b = torch::randn({48}, torch::requires_grad());
+  const auto x = torch::randn({1, 1, 32});
+  torch::Tensor y, reference;
+  {
+    runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+    y = model::dense(x, w, b);
+    reference = torch::nn::functional::linear(x, w, b);
+  }
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(y.sizes(), reference.sizes());
+  EXPECT_TRUE(torch::equal(y, reference));
+  y.to(torch::kFloat).sum().backward();
+  EXPECT_EQ(w.grad().scalar_type(), torch::kFloat);  // fp32 master weights get fp32 gradients
+  EXPECT_TRUE(torch::allclose(w.grad(), x.reshape({1, 32}).expand({48, 32}), 1e-2, 1e-2));
+  EXPECT_TRUE(torch::allclose(model::dense(x, w, b), torch::nn::functional::linear(x, w, b), 1e-5, 1e-6));
+}
+
+// One training step under bf16 autocast follows the fp32 step: the forward runs in bf16 (logits
+// bf16, the loss fp32), the loss and the gradients (the optimizer's first moments) agree to bf16
+// precision, the weights stay fp32; then a few dozen bf16 steps learn the batch.
+TEST(Bf16, TrainingStepTracksFloat32) {
+  SKIP_WITHOUT_BF16();
+  torch::manual_seed(6);
+  const auto x = torch::randint(11, {4, 16}), y = torch::randint(11, {4, 16});
+  const auto batch = [&] { return std::make_pair(x, y); };
+  torch::manual_seed(0);
+  model::GPT fp32(tiny_model_config());
+  torch::manual_seed(0);
+  model::GPT bf16(tiny_model_config());
+  train::FlatAdamW fp32_opt(*fp32, {}), bf16_opt(*bf16, {});
+  train::StepOptions fp32_step, bf16_step;
+  bf16_step.autocast_dtype = torch::kBFloat16;
+  {
+    runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+    auto [logits, loss] = bf16->forward(x, y);
+    EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+  }
+  const double lr = 1e-2;
+  const double fp32_loss = train::train_step(fp32, fp32_opt, batch, lr, fp32_step).item<double>();
+  const double bf16_loss = train::train_step(bf16, bf16_opt, batch, lr, bf16_step).item<double>();
+  EXPECT_NEAR(bf16_loss, fp32_loss, 0.02);
+  const auto fp32_state = fp32_opt.state(), bf16_state = bf16_opt.state();
+  for (size_t i = 0; i < fp32_state.size(); ++i) {
+    if (fp32_state[i].first.rfind("exp_avg.", 0) != 0) continue;
+    const auto a = fp32_state[i].second, g = bf16_state[i].second;
+    const double cosine = (a * g).sum().item<double>() / (a.norm() * g.norm()).item<double>();
+    EXPECT_GT(cosine, 0.999) << fp32_state[i].first;
+    EXPECT_NEAR(g.norm().item<double>() / a.norm().item<double>(), 1.0, 0.02) << fp32_state[i].first;
+  }
+  for (const auto& p : bf16->parameters()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
+  double last = bf16_loss;
+  for (int step = 0; step < 30; ++step) last = train::train_step(bf16, bf16_opt, batch, lr, bf16_step).item<double>();
+  EXPECT_LT(last, bf16_loss - 1.0);
+}
+
+// A bf16 run with dropout, stopped and resumed, equals the uninterrupted bf16 run bit for bit:
+// autocast, the fp32 dropout mask and evaluation all behave the same after a checkpoint.
+TEST(Bf16, TrainingWithDropoutResumesExactly) {
+  SKIP_WITHOUT_BF16();
+  TempDir dir("bf16_resume");
+  auto full = tiny_config(dir.path + "/full");
+  full.dtype = "bfloat16";
+  full.max_iters = 12;
+  full.eval_interval = 6;
+  const auto result = train::Trainer(full, true).run();
+  EXPECT_TRUE(std::isfinite(result.last_val_loss));
+  auto half = tiny_config(dir.path + "/half");
+  half.dtype = "bfloat16";
+  half.max_iters = 6;
+  half.eval_interval = 6;
+  train::Trainer(half, true).run();
+  half.max_iters = 12;
+  half.init_from = "resume";
+  EXPECT_EQ(train::Trainer(half, true).run().last_val_loss, result.last_val_loss);
+  const auto a = train_losses(full.out_dir + "/metrics.csv"), b = train_losses(half.out_dir + "/metrics.csv");
+  ASSERT_EQ(a.size(), 12u);
+  EXPECT_EQ(a, b);
+}
