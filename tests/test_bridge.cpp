@@ -23,6 +23,8 @@
 
 using namespace nanogpt;
 using nanogpt::testing::ScratchDir;
+using nanogpt::testing::slurp;
+using nanogpt::testing::spit;
 namespace fs = std::filesystem;
 
 namespace {
@@ -180,7 +182,7 @@ void check_reference_logits(bool bias) {
   EXPECT_TRUE(report.notes.empty()) << report.notes.front();
   EXPECT_EQ(report.model_config.bias, bias);
 
-  const auto loaded = train::load_model(train::resolve_checkpoint(dir / "ours"));
+  auto loaded = train::load_model(train::resolve_checkpoint(dir / "ours"));
   const IdMap ids(itos, loaded.vocab);
   torch::NoGradGuard no_grad;
   const auto logits = loaded.model->logits(ids.ours(expected.at("x")).unsqueeze(0))[0];  // (T, V), our ids
@@ -275,6 +277,9 @@ TEST(NanoGPTBridge, ImportedAdamWTakesTorchsNextStep) {
   gpt->forward(ids.ours(expected.at("bx")), ids.ours(expected.at("by"))).second.backward();
   optimizer.step(lr);
   for (auto& item : gpt->named_parameters()) {
+    // The key bias adds one constant to a query's every score, which softmax removes: its gradient
+    // is zero but for rounding, and Adam scales rounding noise up to a step of size lr.
+    if (item.key().find("k_proj.bias") != std::string::npos) continue;
     // nanoGPT's name for ours, written out here independently of the bridge.
     std::string name = "after:transformer." + item.key();
     int part = -1;
@@ -311,7 +316,7 @@ TEST(NanoGPTBridge, RefusesSubwordVocabulariesAndPicklesThatWouldRunCode) {
 
 TEST(NanoGPTBridge, RefusesACheckpointWithoutMetaPkl) {
   ScratchDir dir;
-  testing::spit(dir / "ckpt.pt", "not read");
+  spit(dir / "ckpt.pt", "not read");
   expect_refusal(error_of([&] { train::import_nanogpt(dir / "ckpt.pt", "", dir / "out", bridge()); }), "[import]",
                  "no meta.pkl given: without one nanoGPT uses the GPT-2 BPE tokenizer, and nanogpt-cpp is character-level");
   expect_refusal(error_of([&] { train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", bridge()); }),
@@ -321,8 +326,8 @@ TEST(NanoGPTBridge, RefusesACheckpointWithoutMetaPkl) {
 
 TEST(NanoGPTBridge, SaysWhenPythonIsMissing) {
   ScratchDir dir;
-  testing::spit(dir / "ckpt.pt", "not read");
-  testing::spit(dir / "meta.pkl", "not read");
+  spit(dir / "ckpt.pt", "not read");
+  spit(dir / "meta.pkl", "not read");
   train::PythonBridge missing = bridge();
   missing.python = dir / "no-python";
   expect_refusal(error_of([&] { train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", missing); }),
@@ -334,7 +339,7 @@ TEST(NanoGPTBridge, RefusesToExportWhatNanoGPTLacks) {
   ScratchDir dir;
   const std::pair<model::ModelConfig, std::string> cases[] = {
       {[] { auto m = tiny_model(false, 0); m.pos_encoding = "rope"; return m; }(), "has no RoPE (pos_encoding rope)"},
-      {[] { auto m = tiny_model(false, 0); m.pos_encoding = "sinusoidal"; return m; }(), "has no sinusoidal positions"},
+      {[] { auto m = tiny_model(false, 0); m.pos_encoding = "sinusoidal"; return m; }(), "has no sinusoidal positions (pos_encoding sinusoidal)"},
       {[] { auto m = tiny_model(false, 0); m.norm = "rmsnorm"; return m; }(), "has no RMSNorm (norm rmsnorm)"},
       {[] { auto m = tiny_model(false, 0); m.n_kv_head = 1; return m; }(), "has no grouped-query attention (n_kv_head 1 < n_head 2)"}};
   for (const auto& [m, needle] : cases) {
@@ -350,10 +355,10 @@ TEST(NanoGPTBridge, NeverWritesIntoAFolderThatHoldsFiles) {
   ScratchDir dir;
   OurCheckpoint(tiny_model(false, 0)).save(dir / "ckpt.safetensors");
   fs::create_directories(dir / "nano");
-  testing::spit(dir / "nano/ckpt.pt", "someone's checkpoint");
+  spit(dir / "nano/ckpt.pt", "someone's checkpoint");
   expect_refusal(error_of([&] { train::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()); }), "[export]",
                  "'" + dir / "nano" + "' is not empty (give a new or empty folder: nothing is overwritten)");
-  EXPECT_EQ(testing::slurp(dir / "nano/ckpt.pt"), "someone's checkpoint");
+  EXPECT_EQ(slurp(dir / "nano/ckpt.pt"), "someone's checkpoint");
 }
 
 // Through the program: one error line and a non-zero exit.
@@ -362,7 +367,7 @@ TEST(NanoGPTBridge, CommandsPrintOneErrorLine) {
   auto rope = tiny_model(false, 0);
   rope.pos_encoding = "rope";
   OurCheckpoint(rope).save(dir / "rope.safetensors");
-  testing::spit(dir / "ckpt.pt", "not read");
+  spit(dir / "ckpt.pt", "not read");
   const std::pair<std::string, std::string> cases[] = {
       {"export --ckpt=" + dir / "rope.safetensors" + " --format=nanogpt --out=" + dir / "nano",
        "error: [export] nanoGPT's model.py has no RoPE"},
@@ -373,7 +378,7 @@ TEST(NanoGPTBridge, CommandsPrintOneErrorLine) {
     const std::string command = std::string(NANOGPT_BINARY) + " " + args + " 2>" + dir / "stderr" + " >/dev/null";
     const int status = std::system(command.c_str());
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    const std::string err = testing::slurp(dir / "stderr");
+    const std::string err = slurp(dir / "stderr");
     EXPECT_EQ(err.rfind(line, 0), 0u) << err;
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
   }
