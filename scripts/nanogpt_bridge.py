@@ -91,12 +91,20 @@ def read(ckpt_path, meta_path, neutral_path):
     from safetensors.torch import save_file
     meta = read_meta(meta_path)
     try:
+        with open(ckpt_path, "rb") as f:
+            start = f.read(4)
+    except OSError as e:
+        raise BridgeError(f"cannot read '{ckpt_path}': {e.strerror} (nanoGPT writes out_dir/ckpt.pt)")
+    if start != b"PK\x03\x04" and not start.startswith(b"\x80"):  # torch.save's zip archive, or its older pickle
+        raise BridgeError(f"'{ckpt_path}' is not a PyTorch checkpoint (neither torch.save's zip archive nor a pickle)")
+    try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise BridgeError(f"cannot read '{ckpt_path}': no such file (nanoGPT writes out_dir/ckpt.pt)")
     except pickle.UnpicklingError as e:
-        raise BridgeError(f"'{ckpt_path}' holds objects beyond tensors and plain data, which weights-only loading "
-                          f"refuses (no code from the file runs): {first_line(e)}")
+        # torch's message is a page of advice; the reason follows "WeightsUnpickler error:".
+        reason = str(e).split("WeightsUnpickler error:")[-1].split("Check the documentation")[0]
+        reason = " ".join(reason.split()).split(" Please use")[0] or first_line(e)
+        raise BridgeError(f"'{ckpt_path}' holds more than tensors and plain data, which weights-only loading refuses "
+                          f"(no code from the file runs): {reason}")
     except Exception as e:
         raise BridgeError(f"'{ckpt_path}' is not a PyTorch checkpoint: {first_line(e)}")
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) or not isinstance(ckpt.get("model_args"), dict):
