@@ -20,6 +20,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/nanogpt_bridge.h"
+#include "train/nanogpt_config.h"
 
 using namespace nanogpt;
 using nanogpt::testing::ScratchDir;
@@ -384,4 +385,28 @@ TEST(NanoGPTBridge, CommandsPrintOneErrorLine) {
   }
   expect_nothing_written(dir, "nano");
   expect_nothing_written(dir, "out");
+}
+
+// nanoGPT's dicts: a config key of another type keeps our default (and says so); a model_args key
+// nanoGPT's GPTConfig lacks means a modified model.py, which is refused.
+TEST(NanoGPTBridge, ForeignConfigValuesAreNamed) {
+  using Json = nlohmann::ordered_json;
+  const Json nano = {{"dataset", "shakespeare_char"}, {"max_iters", 5000.0}, {"learning_rate", 1e-3},
+                     {"decay_lr", "yes"}, {"wandb_log", false}, {"device", "cuda"}};
+  std::vector<std::string> notes;
+  const auto config = train::train_config_from_nanogpt(nano, tiny_model(false, 65), "out-x", notes);
+  EXPECT_EQ(config.dataset, "data/shakespeare_char");
+  EXPECT_EQ(config.learning_rate, 1e-3);
+  EXPECT_EQ(config.max_iters, train::TrainConfig{}.max_iters);
+  EXPECT_EQ(config.device, train::TrainConfig{}.device);
+  EXPECT_EQ(config.out_dir, "out-x");
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0], "config 'max_iters' (5000.0) is not an integer: the default 600000 is kept");
+  EXPECT_EQ(notes[1], "config 'decay_lr' (\"yes\") is not true or false: the default true is kept");
+
+  Json args = train::model_args_of(tiny_model(false, 65));
+  EXPECT_EQ(model::to_json(train::config_from_model_args(args)), model::to_json(tiny_model(false, 65)));
+  args["n_kv_head"] = 1;
+  expect_refusal(error_of([&] { train::config_from_model_args(args); }), "[import]",
+                 "model_args has 'n_kv_head', which nanoGPT's GPTConfig lacks: a modified model.py");
 }

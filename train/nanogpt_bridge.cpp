@@ -26,6 +26,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/nanogpt_config.h"
 #include "train/nanogpt_layout.h"
 
 namespace nanogpt::train {
@@ -147,11 +148,11 @@ ImportReport import_nanogpt(const std::string& ckpt_pt, const std::string& meta_
   report.optimizer = layout.load_moments(optimizer, checkpoint.value("optimizer", Json()), tensors, vocab.order, report.notes);
 
   CheckpointMeta state;
-  const Json& iter = checkpoint.value("iter_num", Json());
+  const Json iter = checkpoint.value("iter_num", Json());
   if (!iter.is_null() && !(iter.is_number_integer() && iter.get<int64_t>() >= 0))
     throw import_error("iter_num (" + iter.dump() + ") is not a non-negative integer");
   state.iter = iter.is_null() ? 0 : iter.get<int64_t>();
-  const Json& best = checkpoint.value("best_val_loss", Json());
+  const Json best = checkpoint.value("best_val_loss", Json());
   state.best_val_loss = best.is_number() ? best.get<double>() : 1e9;
   state.config_yaml = to_yaml(config);
   state.model_config = model_config;

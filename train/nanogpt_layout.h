@@ -1,8 +1,8 @@
-// The one mapping between nanoGPT's checkpoint layout and ours, both ways (train/nanogpt_bridge.h
-// moves the files). nanoGPT's names are ours under "transformer." with q_proj/k_proj/v_proj as
-// the three row blocks of c_attn; lm_head.weight is wte's; AdamW keeps two moments per nanoGPT
-// parameter (ids: the decayed >= 2-D weights in model order, then the rest), FlatAdamW the same
-// moments flattened into two groups in our parameter order.
+// The one mapping between nanoGPT's tensors and ours, both ways (train/nanogpt_bridge.h moves the
+// files; train/nanogpt_config.h maps the dicts). nanoGPT's names are ours under "transformer." with
+// q_proj/k_proj/v_proj as the three row blocks of c_attn; lm_head.weight is wte's; AdamW keeps two
+// moments per nanoGPT parameter (ids: the decayed >= 2-D weights in model order, then the rest),
+// FlatAdamW the same moments flattened into two groups in our parameter order.
 #pragma once
 
 #include <torch/torch.h>
@@ -12,8 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "data/vocab.h"
-#include "model/config.h"
 #include "model/gpt.h"
 #include "train/adamw.h"
 #include "train/config.h"
@@ -22,35 +20,6 @@ namespace nanogpt::train {
 
 constexpr const char* kNanoEmbedding = "transformer.wte.weight";
 constexpr const char* kNanoHead = "lm_head.weight";  // tied: the same tensor as kNanoEmbedding
-
-/// model_args (n_layer, n_head, n_embd, block_size, bias, vocab_size, dropout) as our config:
-/// learned positions, LayerNorm, multi-head attention. Throws "[import] model_args ..." on a
-/// missing, mistyped or unknown key (a modified model.py) or a model that does not validate.
-model::ModelConfig config_from_model_args(const nlohmann::ordered_json& model_args);
-/// The reverse, for an exportable config (see nanogpt_lacks).
-nlohmann::ordered_json model_args_of(const model::ModelConfig& config);
-
-/// meta.pkl's vocabulary as ours, with `order`: (V,) int64, our token id -> nanoGPT's. Ours is
-/// sorted by code point; nanoGPT's prepare.py sorts too, so `order` is usually the identity.
-struct NanoVocab {
-  data::Vocab vocab;
-  torch::Tensor order;
-};
-/// `meta`: the bridge script's {"keys", "vocab_size", "itos", "stoi"}. Throws "[import] ..." for
-/// a subword vocabulary (no itos, or tokens of several characters: GPT-2 BPE), gaps, duplicates,
-/// an stoi that is not itos's inverse, or a size other than the model's `vocab_size`.
-NanoVocab vocab_from_meta(const nlohmann::ordered_json& meta, int64_t vocab_size, const std::string& meta_path);
-
-/// nanoGPT's config dict as our TrainConfig: the architecture from `model`, out_dir, init_from
-/// resume, dataset "data/<its dataset>", and every key the two share (learning_rate, max_iters,
-/// batch_size, ...). A key of the wrong type, or a config that does not validate here, is left at
-/// our default and explained in `notes`.
-TrainConfig train_config_from_nanogpt(const nlohmann::ordered_json& config, const model::ModelConfig& model,
-                                      const std::string& out_dir, std::vector<std::string>& notes);
-/// The reverse: the shared keys, the architecture's, dataset (the folder's name: sample.py reads
-/// data/<dataset>/meta.pkl) and out_dir.
-nlohmann::ordered_json nanogpt_config_of(const TrainConfig& config, const model::ModelConfig& model,
-                                         const std::string& out_dir);
 
 /// Where each of a model's parameters lives in nanoGPT's state_dict.
 class NanoLayout {
