@@ -87,9 +87,9 @@ def read_meta(path):
 
 
 def read(ckpt_path, meta_path, neutral_path):
+    meta = read_meta(meta_path)
     import torch
     from safetensors.torch import save_file
-    meta = read_meta(meta_path)
     try:
         with open(ckpt_path, "rb") as f:
             start = f.read(4)
@@ -187,13 +187,12 @@ def main(argv):
     if not ((mode == "read" and len(argv) == 5) or (mode == "write" and len(argv) == 4)):
         print(__doc__, file=sys.stderr)
         return 2
-    try:
-        import torch  # noqa: F401
-        import safetensors  # noqa: F401
-    except ImportError as e:
-        print(f"{tag} {sys.executable} cannot import {e.name} (run scripts/setup.sh, or set NANOGPT_PYTHON to a "
-              "Python with torch and safetensors)", file=sys.stderr)
-        return 3
+    import importlib.util
+    for module in ("torch", "safetensors"):  # found, not imported: a bad meta.pkl is refused before torch loads
+        if importlib.util.find_spec(module) is None:
+            print(f"{tag} {sys.executable} cannot import {module} (run scripts/setup.sh, or set NANOGPT_PYTHON to a "
+                  "Python with torch and safetensors)", file=sys.stderr)
+            return 3
     try:
         if mode == "read":
             read(*argv[2:])
