@@ -13,6 +13,7 @@ void add_attention_command(CLI::App& app);  // cmd_attention.cpp
 void add_plot_command(CLI::App& app);       // cmd_plot.cpp
 void add_export_command(CLI::App& app);     // cmd_export.cpp
 void add_bench_command(CLI::App& app);      // cmd_bench.cpp
+void add_import_command(CLI::App& app);     // cmd_import.cpp
 
 /// Exit status a subcommand wants when it ends without an error (e.g. 130 after Ctrl-C).
 int& exit_status();

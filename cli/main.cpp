@@ -1,4 +1,4 @@
-// nanogpt: prepare data, train, sample, look inside, export and benchmark a character-level GPT.
+// nanogpt: prepare data, train, sample, look inside, export, import and benchmark a character-level GPT.
 // Thin: parse the subcommand, run it, turn any error into one clear line and a non-zero exit.
 #include <cstdio>
 #include <exception>
@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   add_attention_command(app);
   add_plot_command(app);
   add_export_command(app);
+  add_import_command(app);
   add_bench_command(app);
   try {
     app.parse(argc, argv);
