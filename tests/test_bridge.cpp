@@ -342,7 +342,11 @@ TEST(NanoGPTBridge, RefusesToExportWhatNanoGPTLacks) {
       {[] { auto m = tiny_model(false, 0); m.pos_encoding = "rope"; return m; }(), "has no RoPE (pos_encoding rope)"},
       {[] { auto m = tiny_model(false, 0); m.pos_encoding = "sinusoidal"; return m; }(), "has no sinusoidal positions (pos_encoding sinusoidal)"},
       {[] { auto m = tiny_model(false, 0); m.norm = "rmsnorm"; return m; }(), "has no RMSNorm (norm rmsnorm)"},
-      {[] { auto m = tiny_model(false, 0); m.n_kv_head = 1; return m; }(), "has no grouped-query attention (n_kv_head 1 < n_head 2)"}};
+      {[] { auto m = tiny_model(false, 0); m.n_kv_head = 1; return m; }(), "has no grouped-query attention (n_kv_head 1 < n_head 2)"},
+      {[] { auto m = tiny_model(false, 0); m.qk_norm = true; return m; }(), "has no QK-norm (qk_norm true)"},
+      {[] { auto m = tiny_model(false, 0); m.mlp = "relu2"; return m; }(), "has no relu2 MLP (mlp relu2)"},
+      {[] { auto m = tiny_model(false, 0); m.tie_embeddings = false; return m; }(), "has no untied head (tie_embeddings false)"},
+      {[] { auto m = tiny_model(false, 0); m.logit_softcap = 15; return m; }(), "has no logit soft-capping (logit_softcap 15)"}};
   for (const auto& [m, needle] : cases) {
     SCOPED_TRACE(needle);
     OurCheckpoint(m).save(dir / "ckpt.safetensors");

@@ -4,6 +4,8 @@
 // and "meta" (itos and stoi as [id, [code points]] pairs), both JSON.
 #include "train/nanogpt_bridge.h"
 
+#include <fmt/format.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -177,6 +179,10 @@ std::string nanogpt_lacks(const model::ModelConfig& config) {
   if (config.kv_heads() != config.n_head)
     return "grouped-query attention (n_kv_head " + std::to_string(config.kv_heads()) + " < n_head " +
            std::to_string(config.n_head) + ")";
+  if (config.qk_norm) return "QK-norm (qk_norm true)";
+  if (config.mlp != "gelu") return config.mlp + " MLP (mlp " + config.mlp + ")";
+  if (!config.tie_embeddings) return "untied head (tie_embeddings false)";
+  if (config.logit_softcap > 0) return "logit soft-capping (logit_softcap " + fmt::format("{}", config.logit_softcap) + ")";
   return "";
 }
 
@@ -185,7 +191,7 @@ std::string export_nanogpt(const std::string& checkpoint, const std::string& out
   const std::string lacks = nanogpt_lacks(meta.model_config);
   if (!lacks.empty())
     throw export_error("nanoGPT's model.py has no " + lacks + ", so it cannot load this model (learned positions, "
-                       "LayerNorm and n_kv_head = n_head only); --format=safetensors exports any model");
+                       "LayerNorm, GELU, a tied head and n_kv_head = n_head only); --format=safetensors exports any model");
   TrainConfig config;
   try {
     config = parse_config(meta.config_yaml, checkpoint);
