@@ -7,8 +7,9 @@
 #
 #   scripts/gpu_check.sh NANOGPT_DIR      # NANOGPT_DIR: a checkout of karpathy/nanoGPT (not shipped here)
 #
-# Libraries the GPU machine lacks (yaml-cpp, spdlog, fmt, GoogleTest, CLI11, stb, nlohmann-json) are
+# Libraries the GPU machine lacks (yaml-cpp, spdlog, fmt, GoogleTest, CLI11, nlohmann-json) are
 # unpacked, not installed, from Debian packages copied into .devdeps/ (../shared/device/README.md).
+# cairo and pango are not among them: without them the build has no plots (-DNANOGPT_PLOTS=OFF).
 set -euo pipefail
 nanogpt_dir=${1:?usage: scripts/gpu_check.sh NANOGPT_DIR (a checkout of karpathy/nanoGPT)}
 nanogpt_dir=$(cd "$nanogpt_dir" && pwd)
