@@ -1,5 +1,7 @@
 // nanogpt attention: run a prompt through a trained model and draw every head's attention
-// weights (one heatmap per layer and head), plus the raw weights as CSV.
+// weights (one heatmap per layer and head, PNG or SVG), plus the raw weights as CSV; with --html,
+// also an interactive explorer page over the prompt and a sampled continuation.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -11,9 +13,11 @@
 #include "io/atomic_file.h"
 #include "data/utf8.h"
 #include "data/vocab.h"
+#include "model/generate.h"
 #include "runtime/device.h"
 #include "train/checkpoint.h"
 #include "viz/attention_csv.h"
+#include "viz/attention_explorer.h"
 #include "viz/attention_plot.h"
 
 namespace nanogpt::cli {
@@ -55,8 +59,12 @@ void add_attention_command(CLI::App& app) {
     std::string ckpt;
     std::string start;
     std::string layer = "all";
-    std::string out;  // default: next to the checkpoint, attention.png
-    std::string csv;  // default: out with .csv
+    std::string out;   // default: next to the checkpoint, attention.png
+    std::string csv;   // default: out with .csv
+    std::string html;  // the explorer page; none by default
+    int64_t new_tokens = 48;
+    double temperature = 0.8;
+    int64_t seed = 1337;
     std::string device = "cpu";
     bool skip_unknown = false;
   };
@@ -67,8 +75,16 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--ckpt", opts->ckpt, "A checkpoint file (instead of --out_dir)")->excludes(out_dir);
   cmd->add_option("--start", opts->start, "The prompt, or FILE:path to read it from a file")->required();
   cmd->add_option("--layer", opts->layer, "Layer to draw (0-based), or all")->capture_default_str();
-  cmd->add_option("--out", opts->out, "Output PNG (default: attention.png next to the checkpoint)");
-  cmd->add_option("--csv", opts->csv, "Raw weights as CSV (default: the PNG path with .csv)");
+  cmd->add_option("--out", opts->out, "Output PNG, or SVG when it ends in .svg (default: attention.png next to the checkpoint)");
+  cmd->add_option("--csv", opts->csv, "Raw weights as CSV (default: the --out path with .csv)");
+  cmd->add_option("--html", opts->html, "Also write the interactive explorer page (one self-contained HTML file)");
+  cmd->add_option("--new_tokens", opts->new_tokens, "Tokens the explorer samples after the prompt, to step through")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", opts->temperature, "Sampling temperature of the explorer's continuation")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", opts->seed, "Random seed of the explorer's continuation")->capture_default_str();
   cmd->add_option("--device", opts->device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   cmd->add_flag("--skip_unknown", opts->skip_unknown, "Drop prompt characters that are not in the vocabulary");
   cmd->callback([opts] {
@@ -96,15 +112,28 @@ void add_attention_command(CLI::App& app) {
     }
     const auto T = static_cast<int64_t>(ids.size());
 
-    const torch::Tensor idx = torch::tensor(ids, torch::kLong).view({1, T}).to(device);  // (1, T)
-    std::vector<torch::Tensor> maps;  // per layer (1, nh, T, T)
+    // The explorer's continuation, sampled up to the context window: attention is causal, so one
+    // forward pass over prompt + continuation gives the prompt's weights as well.
+    std::vector<int64_t> sequence = ids;
+    const int64_t new_tokens = opts->html.empty() ? 0 : std::min(opts->new_tokens, config.block_size - T);
+    if (new_tokens > 0) {
+      std::mt19937_64 rng(static_cast<uint64_t>(opts->seed));
+      model::SamplingOptions sampling;
+      sampling.temperature = opts->temperature;
+      sequence = model::generate(loaded.model, ids, 1, new_tokens, sampling, rng).at(0);
+    }
+    const auto S = static_cast<int64_t>(sequence.size());
+    const torch::Tensor idx = torch::tensor(sequence, torch::kLong).view({1, S}).to(device);  // (1, S)
+    std::vector<torch::Tensor> maps;  // per layer (1, nh, S, S)
     {
       torch::NoGradGuard no_grad;
       maps = loaded.model->attention_maps(idx);
     }
+    using torch::indexing::Slice;
     std::vector<viz::AttentionPanel> panels;
     for (int64_t layer : layers) {
-      const torch::Tensor weights = maps.at(layer)[0].to(torch::kCPU, torch::kFloat);  // (nh, T, T)
+      const torch::Tensor weights =  // the prompt's rows and columns: (nh, T, T)
+          maps.at(layer)[0].index({Slice(), Slice(0, T), Slice(0, T)}).to(torch::kCPU, torch::kFloat);
       for (int64_t head = 0; head < weights.size(0); ++head) panels.push_back({layer, head, weights[head]});
     }
     std::vector<std::string> labels;
@@ -120,6 +149,16 @@ void add_attention_command(CLI::App& app) {
     viz::write_attention_csv(panels, labels, csv);
     std::printf("[attention] wrote %s and %s | %zu panels | %lld tokens\n", out.c_str(), csv.c_str(), panels.size(),
                 static_cast<long long>(T));
+    if (!opts->html.empty()) {
+      viz::ExplorerData explorer;
+      explorer.title = title + " + " + std::to_string(new_tokens) + " sampled";
+      for (int64_t id : sequence) explorer.tokens.push_back(loaded.vocab.decode_one(id));
+      explorer.prompt_tokens = T;
+      for (const torch::Tensor& map : maps) explorer.layers.push_back(map[0].to(torch::kCPU, torch::kFloat));  // (nh, S, S)
+      viz::write_attention_explorer(explorer, opts->html);
+      std::printf("[attention] wrote %s | %lld prompt + %lld sampled tokens | open it in a browser\n",
+                  opts->html.c_str(), static_cast<long long>(T), static_cast<long long>(new_tokens));
+    }
   });
 }
 

@@ -1,4 +1,4 @@
-// nanogpt plot: redraw a training run's loss curves from its metrics.csv.
+// nanogpt plot: redraw a training run's curves (loss, learning rate, tokens/s) from its metrics.csv.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -15,9 +15,9 @@ void add_plot_command(CLI::App& app) {
     std::string out;  // default: out_dir/loss.png
   };
   auto opts = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("plot", "Draw the loss curves of a training run (out_dir/metrics.csv) as a PNG");
+  auto* cmd = app.add_subcommand("plot", "Draw the loss, learning-rate and tokens/s curves of a training run (out_dir/metrics.csv)");
   cmd->add_option("--out_dir", opts->out_dir, "Training folder holding metrics.csv")->capture_default_str();
-  cmd->add_option("--out", opts->out, "Output PNG (default: OUT_DIR/loss.png)");
+  cmd->add_option("--out", opts->out, "Output PNG, or SVG when it ends in .svg (default: OUT_DIR/loss.png)");
   cmd->callback([opts] {
     const std::filesystem::path dir(opts->out_dir);
     const std::string out = opts->out.empty() ? (dir / "loss.png").string() : opts->out;

@@ -7,8 +7,9 @@
 #
 #   scripts/gpu_check.sh NANOGPT_DIR      # NANOGPT_DIR: a checkout of karpathy/nanoGPT (not shipped here)
 #
-# Libraries the GPU machine lacks (yaml-cpp, spdlog, fmt, GoogleTest, CLI11, stb, nlohmann-json) are
+# Libraries the GPU machine lacks (yaml-cpp, spdlog, fmt, GoogleTest, CLI11, nlohmann-json) are
 # unpacked, not installed, from Debian packages copied into .devdeps/ (../shared/device/README.md).
+# cairo and pango are not among them: without them the build has no plots (-DNANOGPT_PLOTS=OFF).
 set -euo pipefail
 nanogpt_dir=${1:?usage: scripts/gpu_check.sh NANOGPT_DIR (a checkout of karpathy/nanoGPT)}
 nanogpt_dir=$(cd "$nanogpt_dir" && pwd)
@@ -28,7 +29,10 @@ if compgen -G ".devdeps/*.deb" >/dev/null; then
 fi
 
 echo "[gpu] build"
-cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+# Plots need cairo and pango, which a GPU image may lack: the check is about training and sampling.
+plots=OFF
+command -v pkg-config >/dev/null && pkg-config --exists cairo-svg pangocairo && plots=ON
+cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DNANOGPT_PLOTS=$plots \
   -DNANOGPT_PYTHON="$(command -v "$py")" >/tmp/gpu_check_configure.log 2>&1 || { cat /tmp/gpu_check_configure.log; exit 1; }
 grep "nanogpt:" /tmp/gpu_check_configure.log || true
 cmake --build build-cuda -j"$(nproc)" >/tmp/gpu_check_build.log 2>&1 || { tail -50 /tmp/gpu_check_build.log; exit 1; }

@@ -45,17 +45,6 @@ void set_rng_state(torch::Device device, const torch::Tensor& state) {
   gen.set_state(state);
 }
 
-std::string human(double x) {
-  char buf[32];
-  if (x >= 1e6)
-    std::snprintf(buf, sizeof buf, "%.2fM", x / 1e6);
-  else if (x >= 1e3)
-    std::snprintf(buf, sizeof buf, "%.1fk", x / 1e3);
-  else
-    std::snprintf(buf, sizeof buf, "%.0f", x);
-  return buf;
-}
-
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
@@ -287,8 +276,8 @@ TrainResult Trainer::run_loop() {
     if (log_now) {
       const double tps = tokens_per_iter / (ms / 1000.0);
       const double mfu = flops_per_iter / (ms / 1000.0) / peak_flops_;
-      log_->info("[train] iter {} | loss {:.4f} | lr {:.2e} | {:.1f} ms | {} tok/s | mfu {:.1f}%", iter_, loss_value, lr,
-                 ms, human(tps), 100.0 * mfu);
+      log_step(*log_, {iter_, config_.max_iters, loss_value, lr, ms, tps, mfu, ms_since(run_start) / 1000.0,
+                       static_cast<int64_t>(step_ms.size())});
       metrics.row(iter_, "train", loss_value, lr, ms, tps);
     }
     ++iter_;

@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <utility>
 
 #include "viz/axis_ticks.h"
 #include "viz/colormap.h"
-#include "viz/font.h"
 
 namespace nanogpt::viz {
 namespace {
@@ -20,10 +20,10 @@ namespace {
 constexpr Rgb kText{30, 30, 30};
 constexpr Rgb kMutedText{90, 90, 90};
 constexpr Rgb kFrame{190, 190, 190};
-constexpr int kMargin = 16;      // around the figure
-constexpr int kPanelGap = 28;    // between panels
-constexpr int kBarWidth = 20;    // colour bar
-constexpr int kMinLabelCell = 8; // smallest cell (pixels) that gets a token label: 7-pixel glyphs + 1
+constexpr int kMargin = 16;       // around the figure
+constexpr int kPanelGap = 28;     // between panels
+constexpr int kBarWidth = 20;     // colour bar
+constexpr int kMinLabelCell = 9;  // smallest cell (pixels) that gets a token label
 
 struct Placement {
   int row = 0, col = 0;
@@ -56,41 +56,37 @@ std::vector<Placement> arrange(const std::vector<AttentionPanel>& panels, int& r
   return placements;
 }
 
-// The largest scale (3, 2, 1) at which `text` fits in `width`, else 1.
-int fitting_scale(const std::string& text, int width, int max_scale) {
-  for (int scale = max_scale; scale > 1; --scale) {
-    if (text_width(text, scale) <= width) return scale;
-  }
-  return 1;
-}
-
-// Fills the heatmap: exact cells when each is at least a pixel, else each pixel shows the largest
-// weight of the block it covers (so a sharp attention spike never disappears when shrunk).
-void draw_heatmap(Canvas& canvas, const torch::Tensor& weights, const PixelRect& r, int64_t T) {
+// The heatmap as a side x side raster: exact cells when each is at least a pixel, else each pixel
+// shows the largest weight of the block it covers (so a sharp attention spike never disappears
+// when shrunk). Masked cells are transparent.
+std::vector<std::optional<Rgb>> heatmap_pixels(const torch::Tensor& weights, int side, int64_t T) {
   const torch::Tensor w = weights.detach().to(torch::kCPU, torch::kFloat).contiguous();
   const auto a = w.accessor<float, 2>();
-  if (r.w >= T) {
-    const int cell = r.w / static_cast<int>(T);
-    for (int64_t i = 0; i < T; ++i) {
-      for (int64_t j = 0; j <= i; ++j) {
-        canvas.fill_rect(r.x + static_cast<int>(j) * cell, r.y + static_cast<int>(i) * cell, cell, cell,
-                         viridis(a[i][j]));
-      }
-    }
-    return;
-  }
-  for (int py = 0; py < r.h; ++py) {
-    const int64_t i0 = py * T / r.h, i1 = std::max<int64_t>(i0 + 1, (py + 1) * T / r.h);
-    for (int px = 0; px < r.w; ++px) {
-      const int64_t j0 = px * T / r.w, j1 = std::max<int64_t>(j0 + 1, (px + 1) * T / r.w);
+  std::vector<std::optional<Rgb>> pixels(static_cast<size_t>(side) * side);
+  for (int py = 0; py < side; ++py) {
+    const int64_t i0 = py * T / side, i1 = std::max<int64_t>(i0 + 1, (py + 1) * T / side);
+    for (int px = 0; px < side; ++px) {
+      const int64_t j0 = px * T / side, j1 = std::max<int64_t>(j0 + 1, (px + 1) * T / side);
       if (j0 > i1 - 1) continue;  // the whole block lies above the diagonal: masked
       float peak = 0;
       for (int64_t i = i0; i < i1; ++i) {
         for (int64_t j = j0; j < std::min(j1, i + 1); ++j) peak = std::max(peak, a[i][j]);
       }
-      canvas.set_pixel(r.x + px, r.y + py, viridis(peak));
+      pixels[static_cast<size_t>(py) * side + px] = viridis(peak);
     }
   }
+  return pixels;
+}
+
+// `text` cut at a character boundary, with an ellipsis, so that it fits in `width` pixels.
+std::string fit_text(std::string text, const TextStyle& style, double width) {
+  if (measure_text(text, style).width <= width) return text;
+  while (!text.empty() && measure_text(text + "\u2026", style).width > width) {
+    text.pop_back();
+    while (!text.empty() && (static_cast<unsigned char>(text.back()) & 0xC0) == 0x80) text.pop_back();
+    if (!text.empty() && static_cast<unsigned char>(text.back()) >= 0xC0) text.pop_back();  // a torn lead byte
+  }
+  return text + "\u2026";
 }
 
 }  // namespace
@@ -116,18 +112,31 @@ int64_t check_attention_panels(const std::vector<AttentionPanel>& panels,
   return T;
 }
 
-std::string attention_axis_label(const std::string& token, int64_t position) {
-  if (token == "\n") return "\\n";
-  if (token == "\t") return "\\t";
-  if (token == "\r") return "\\r";
-  if (token == " ") return std::string(1, kVisibleSpace);
-  const bool printable = !token.empty() && token.size() <= 3 &&
-                         std::all_of(token.begin(), token.end(), [](char c) { return c > ' ' && c < 0x7F; });
-  return printable ? token : std::to_string(position);
+std::string attention_axis_label(const std::string& token) {
+  if (token.empty()) return "\u2205";
+  std::string out;
+  for (char c : token) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == ' ') {
+      out += "\u2423";
+    } else if (c == '\n') {
+      out += "\u23CE";
+    } else if (c == '\t') {
+      out += "\u21E5";
+    } else if (u < 0x20) {
+      const char picture[] = {'\xE2', '\x90', static_cast<char>(0x80 + u), '\0'};  // U+2400 + u in UTF-8
+      out += picture;
+    } else if (u == 0x7F) {
+      out += "\u2421";
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
-Canvas draw_attention(const std::vector<AttentionPanel>& panels, const std::vector<std::string>& token_labels,
-                      const std::string& title, std::vector<PixelRect>* heatmap_rects) {
+Figure draw_attention(const std::vector<AttentionPanel>& panels, const std::vector<std::string>& token_labels,
+                      const std::string& title, AttentionLayout* layout) {
   const int64_t T = check_attention_panels(panels, token_labels);
   int rows = 0, cols = 0;
   const std::vector<Placement> placements = arrange(panels, rows, cols);
@@ -137,116 +146,121 @@ Canvas draw_attention(const std::vector<AttentionPanel>& panels, const std::vect
   const int cell = T <= target ? std::min<int>(target / static_cast<int>(T), 40) : 0;
   const int side = cell > 0 ? cell * static_cast<int>(T) : target;
 
-  // Axis labels: the tokens where a cell is large enough, else position ticks.
+  // Axis labels: the tokens where cells are large enough to read, else position ticks.
   std::vector<std::string> labels;
-  for (int64_t i = 0; i < T; ++i) labels.push_back(attention_axis_label(token_labels[i], i));
-  const int label_scale = cell >= 16 ? 2 : cell >= kMinLabelCell ? 1 : 0;
+  for (const std::string& token : token_labels) labels.push_back(attention_axis_label(token));
+  const bool token_labels_fit = cell >= kMinLabelCell;
+  const TextStyle label_style{std::clamp(cell * 0.7, 8.0, 18.0), kText};
+  const TextStyle tick_style{side >= 200 ? 13.0 : 10.0, kText};
   std::vector<int64_t> tick_positions;
-  int tick_scale = side >= 200 ? 2 : 1;
-  int max_label_w = 0;
-  if (label_scale > 0) {
-    for (const std::string& l : labels) max_label_w = std::max(max_label_w, text_width(l, label_scale));
+  std::vector<double> label_w;  // per token
+  double max_label_w = 0, label_h = 0;
+  if (token_labels_fit) {
+    for (const std::string& l : labels) {
+      const TextExtent e = measure_text(l, label_style);
+      label_w.push_back(e.width);
+      max_label_w = std::max(max_label_w, e.width);
+      label_h = std::max(label_h, e.height);
+    }
   } else {
     for (double v : nice_ticks(0, static_cast<double>(T - 1), {5, /*integers=*/true}).values) {
       if (v >= 0 && v <= T - 1 && v == std::floor(v)) tick_positions.push_back(static_cast<int64_t>(v));
     }
-    max_label_w = text_width(std::to_string(T - 1), tick_scale);
+    const TextExtent e = measure_text(std::to_string(T - 1), tick_style);
+    max_label_w = e.width;
+    label_h = e.height;
   }
   // Key labels stand upright where they fit in their column, else turn to read bottom to top.
-  auto upright = [&](const std::string& label) { return text_width(label, label_scale) <= cell; };
-  const int left_w = max_label_w + 8;
-  int below_h = kGlyphHeight * (label_scale == 0 ? tick_scale : label_scale) + 10;
-  for (const std::string& l : labels) {
-    if (label_scale > 0 && !upright(l)) below_h = std::max(below_h, text_width(l, label_scale) + 8);
+  auto upright = [&](size_t i) { return label_w[i] <= cell + 1; };
+  const int left_w = static_cast<int>(std::ceil(max_label_w)) + 10;
+  int below_h = static_cast<int>(std::ceil(label_h)) + 10;
+  for (size_t i = 0; i < label_w.size(); ++i) {
+    if (!upright(i)) below_h = std::max(below_h, static_cast<int>(std::ceil(label_w[i])) + 10);
   }
 
-  const int panel_title_scale = side >= 100 ? 2 : 1;
-  const int panel_title_h = kGlyphHeight * panel_title_scale + 8;
-  const int title_w = text_width("layer 00 head 00", panel_title_scale);
+  const TextStyle panel_title_style{side >= 100 ? 14.0 : 11.0, kText};
+  const int panel_title_h = static_cast<int>(std::ceil(measure_text("layer 0", panel_title_style).height)) + 6;
+  const int title_w = static_cast<int>(std::ceil(measure_text("layer 00 head 00", panel_title_style).width));
   const int block_w = left_w + std::max(side, title_w) + kPanelGap;
   const int block_h = panel_title_h + side + below_h + kPanelGap;
 
   // Figure header and colour bar geometry.
   const std::string subtitle = "rows: queries, columns: keys, blank: future keys (masked)";
+  const TextStyle title_style{18, kText, /*bold=*/true}, subtitle_style{13, kMutedText}, bar_style{13, kText};
   const int bar_h = std::clamp(side, 100, 360);
-  const int bar_tick_scale = 2;
-  const int bar_area_w = kBarWidth + 8 + text_width("0.25", bar_tick_scale) + kMargin;
-  std::string drawable_title = to_drawable(title);
+  const int bar_area_w = kBarWidth + 10 + static_cast<int>(measure_text("0.25", bar_style).width) + kMargin;
   int width = kMargin + cols * block_w + bar_area_w;
-  width = std::max(width, std::min(text_width(drawable_title, 2), 2400) + 2 * kMargin);
-  width = std::max(width, text_width(subtitle, 1) + 2 * kMargin);
-  const int max_title_chars = (width - 2 * kMargin) / kGlyphAdvance;
-  if (static_cast<int>(drawable_title.size()) > max_title_chars) {
-    drawable_title = drawable_title.substr(0, std::max(max_title_chars - 3, 0)) + "...";
-  }
-  const int title_scale = fitting_scale(drawable_title, width - 2 * kMargin, 3);
-  const int subtitle_scale = fitting_scale(subtitle, width - 2 * kMargin, 2);
-  const int header_h = kMargin + kCapHeight * title_scale + 10 + kGlyphHeight * subtitle_scale + 14;
-  const int bar_bottom = header_h + panel_title_h + bar_h + 10 + kGlyphHeight * bar_tick_scale;  // caption below
+  width = std::max(width, static_cast<int>(std::min(measure_text(title, title_style).width, 2400.0)) + 2 * kMargin);
+  width = std::max(width, static_cast<int>(measure_text(subtitle, subtitle_style).width) + 2 * kMargin);
+  const std::string shown_title = fit_text(title, title_style, width - 2 * kMargin);
+  const int title_h = static_cast<int>(std::ceil(measure_text(shown_title, title_style).height));
+  const int subtitle_h = static_cast<int>(std::ceil(measure_text(subtitle, subtitle_style).height));
+  const int header_h = kMargin + title_h + 4 + subtitle_h + 14;
+  const int bar_bottom = header_h + panel_title_h + bar_h + 12 + 20;  // caption below
   const int height = std::max(header_h + rows * block_h, bar_bottom + kMargin) + kMargin / 2;
 
-  Canvas canvas(width, height, kWhite);
-  canvas.draw_text(kMargin, kMargin, drawable_title, kText, title_scale);
-  canvas.draw_text(kMargin, kMargin + kCapHeight * title_scale + 10, subtitle, kMutedText, subtitle_scale);
+  Figure fig(width, height, kWhite);
+  fig.text(kMargin, kMargin + title_h / 2.0, shown_title, title_style);
+  fig.text(kMargin, kMargin + title_h + 4 + subtitle_h / 2.0, subtitle, subtitle_style);
 
-  if (heatmap_rects != nullptr) heatmap_rects->assign(panels.size(), PixelRect{});
+  if (layout != nullptr) layout->heatmaps.assign(panels.size(), PixelRect{});
   for (size_t k = 0; k < panels.size(); ++k) {
     const AttentionPanel& panel = panels[k];
     const int bx = kMargin + placements[k].col * block_w, by = header_h + placements[k].row * block_h;
     const PixelRect r{bx + left_w, by + panel_title_h, side, side};
-    if (heatmap_rects != nullptr) (*heatmap_rects)[k] = r;
+    if (layout != nullptr) layout->heatmaps[k] = r;
 
     const std::string panel_title = "layer " + std::to_string(panel.layer) + " head " + std::to_string(panel.head);
-    canvas.draw_text(r.x + (side - text_width(panel_title, panel_title_scale)) / 2, by, panel_title, kText,
-                     panel_title_scale);
-    draw_heatmap(canvas, panel.weights, r, T);
-    canvas.stroke_rect(r.x - 1, r.y - 1, side + 2, side + 2, kFrame);
+    fig.text(r.x + side / 2.0, by + panel_title_h / 2.0 - 2, panel_title, panel_title_style, Anchor::Middle);
+    fig.raster(r.x, r.y, side, side, heatmap_pixels(panel.weights, side, T));
+    fig.stroke_rect(r.x - 1, r.y - 1, side + 2, side + 2, kFrame);
 
-    if (label_scale > 0) {
-      const int glyph_h = kCapHeight * label_scale;
+    if (token_labels_fit) {
       for (int64_t i = 0; i < T; ++i) {
         const std::string& l = labels[i];
-        const int w = text_width(l, label_scale);
-        const int offset = static_cast<int>(i) * cell;
-        canvas.draw_text(r.x - 5 - w, r.y + offset + (cell - glyph_h) / 2, l, kText, label_scale);
-        if (upright(l)) {
-          canvas.draw_text(r.x + offset + (cell - w) / 2, r.y + side + 5, l, kText, label_scale);
+        const double centre = (i + 0.5) * cell;
+        fig.text(r.x - 5, r.y + centre, l, label_style, Anchor::End);
+        if (upright(i)) {
+          fig.text(r.x + centre, r.y + side + 5 + label_h / 2, l, label_style, Anchor::Middle);
         } else {
-          canvas.draw_text_up(r.x + offset + (cell - glyph_h) / 2, r.y + side + 5 + w, l, kText, label_scale);
+          fig.text(r.x + centre, r.y + side + 5, l, label_style, Anchor::End, -90);
         }
       }
     } else {
-      const int glyph_h = kCapHeight * tick_scale;
       for (int64_t p : tick_positions) {
         const std::string l = std::to_string(p);
-        const int w = text_width(l, tick_scale);
-        const int centre = static_cast<int>((p + 0.5) * side / T);
-        canvas.fill_rect(r.x - 5, r.y + centre, 4, 1, kText);
-        canvas.draw_text(r.x - 8 - w, r.y + centre - glyph_h / 2, l, kText, tick_scale);
-        canvas.fill_rect(r.x + centre, r.y + side + 1, 1, 4, kText);
-        canvas.draw_text(r.x + centre - w / 2, r.y + side + 8, l, kText, tick_scale);
+        const double centre = std::floor((p + 0.5) * side / T) + 0.5;
+        fig.line(r.x - 5, r.y + centre, r.x - 1, r.y + centre, kText);
+        fig.text(r.x - 8, r.y + centre, l, tick_style, Anchor::End);
+        fig.line(r.x + centre, r.y + side + 1, r.x + centre, r.y + side + 5, kText);
+        fig.text(r.x + centre, r.y + side + 8 + label_h / 2, l, tick_style, Anchor::Middle);
       }
     }
   }
 
-  // Colour bar, 0 at the bottom, 1 at the top.
+  // Colour bar, 1 at the top, 0 at the bottom.
   const int bar_x = kMargin + cols * block_w, bar_y = header_h + panel_title_h;
-  for (int y = 0; y < bar_h; ++y) canvas.fill_rect(bar_x, bar_y + y, kBarWidth, 1, viridis(1.0 - (y + 0.5) / bar_h));
-  canvas.stroke_rect(bar_x - 1, bar_y - 1, kBarWidth + 2, bar_h + 2, kFrame);
-  canvas.draw_text(bar_x, bar_y + bar_h + 10, "weight", kText, bar_tick_scale);
+  std::vector<std::optional<Rgb>> bar(static_cast<size_t>(kBarWidth) * bar_h);
+  for (int y = 0; y < bar_h; ++y) {
+    const Rgb c = viridis(1.0 - static_cast<double>(y) / (bar_h - 1));
+    std::fill(bar.begin() + static_cast<size_t>(y) * kBarWidth, bar.begin() + static_cast<size_t>(y + 1) * kBarWidth, c);
+  }
+  fig.raster(bar_x, bar_y, kBarWidth, bar_h, bar);
+  if (layout != nullptr) layout->colour_bar = {bar_x, bar_y, kBarWidth, bar_h};
+  fig.stroke_rect(bar_x - 1, bar_y - 1, kBarWidth + 2, bar_h + 2, kFrame);
+  fig.text(bar_x, bar_y + bar_h + 20, "weight", bar_style);
   const Ticks bar_ticks = nice_ticks(0, 1, {5});
   for (size_t i = 0; i < bar_ticks.values.size(); ++i) {
-    const int y = bar_y + static_cast<int>(std::lround((1 - bar_ticks.values[i]) * (bar_h - 1)));
-    canvas.fill_rect(bar_x + kBarWidth, y, 4, 1, kText);
-    canvas.draw_text(bar_x + kBarWidth + 7, y - kCapHeight * bar_tick_scale / 2, bar_ticks.labels[i], kText,
-                     bar_tick_scale);
+    const double y = bar_y + std::round((1 - bar_ticks.values[i]) * (bar_h - 1)) + 0.5;
+    fig.line(bar_x + kBarWidth, y, bar_x + kBarWidth + 4, y, kText);
+    fig.text(bar_x + kBarWidth + 7, y, bar_ticks.labels[i], bar_style);
   }
-  return canvas;
+  return fig;
 }
 
 void plot_attention(const std::vector<AttentionPanel>& panels, const std::vector<std::string>& token_labels,
-                    const std::string& png_path, const std::string& title) {
-  draw_attention(panels, token_labels, title).save_png(png_path);
+                    const std::string& out_path, const std::string& title) {
+  draw_attention(panels, token_labels, title).save(out_path);
 }
 
 }  // namespace nanogpt::viz

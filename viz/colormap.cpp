@@ -16,6 +16,12 @@ constexpr int kSegments = static_cast<int>(sizeof(kViridisAnchors) / sizeof(kVir
 
 }  // namespace
 
+Rgb mix(Rgb a, Rgb b, double t) {
+  t = std::clamp(t, 0.0, 1.0);
+  auto channel = [t](uint8_t x, uint8_t y) { return static_cast<uint8_t>(std::lround(x + (y - x) * t)); };
+  return {channel(a.r, b.r), channel(a.g, b.g), channel(a.b, b.b)};
+}
+
 Rgb viridis(double t) {
   if (std::isnan(t)) t = 0;
   const double pos = std::clamp(t, 0.0, 1.0) * kSegments;

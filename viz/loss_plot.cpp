@@ -1,18 +1,19 @@
-// Layout: title and a one-line summary on top, the plot area with grid lines at the ticks, y tick
-// labels on the left, x tick labels below, a legend in the top-right corner (loss curves fall from
-// the top-left, so that corner is usually empty).
+// Layout: title and a one-line summary on top; then panels stacked on one iteration axis (the
+// loss with its legend in the top-right corner, where falling loss curves leave room; then the
+// learning rate and tokens/s when metrics.csv has them), each with grid lines at the ticks and y
+// tick labels on the left; x tick labels and the axis title under the last panel.
 #include "viz/loss_plot.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "viz/axis_ticks.h"
-#include "viz/font.h"
 
 namespace nanogpt::viz {
 namespace {
@@ -25,24 +26,37 @@ constexpr Rgb kTrainRaw{170, 199, 232};
 constexpr Rgb kTrainSmooth{31, 119, 180};
 constexpr Rgb kTrainEval{44, 160, 44};
 constexpr Rgb kVal{224, 90, 20};
+constexpr Rgb kLr{148, 103, 189};
+constexpr Rgb kSpeedRaw{222, 200, 180};
+constexpr Rgb kSpeed{140, 86, 75};
 
-constexpr int kLeft = 84, kRight = 24, kTop = 68, kBottom = 60;  // plot-area margins
-constexpr int kTickScale = 2;  // tick labels, legend and axis titles: 10x14-pixel glyphs
-constexpr int kTitleScale = 3;
+constexpr int kLeft = 84, kRight = 24, kTop = 68, kBottom = 60;  // figure margins around the panels
+constexpr int kPanelGap = 24;                                     // between stacked panels
+const TextStyle kTickStyle{13, kText};
+const TextStyle kAxisTitleStyle{14, kText};
 
 struct Series {
   std::string label;
-  std::vector<std::pair<double, double>> points;  // (iter, loss), finite only
+  std::vector<std::pair<double, double>> points;  // (iter, value), finite only
   Rgb color;
   double width;
   bool markers;
 };
 
-std::vector<std::pair<double, double>> finite_points(const std::vector<io::MetricPoint>& metric_points) {
+struct Panel {
+  std::string y_title;
+  std::vector<Series> series;
+  bool legend = false;
+  bool from_zero = false;  // the y axis starts at 0 (throughput, learning rate)
+};
+
+// (iter, field) of each point whose field is finite.
+std::vector<std::pair<double, double>> finite_points(const std::vector<io::MetricPoint>& metric_points,
+                                                     double io::MetricPoint::*field) {
   std::vector<std::pair<double, double>> points;
   points.reserve(metric_points.size());
   for (const io::MetricPoint& p : metric_points) {
-    if (std::isfinite(p.loss)) points.emplace_back(static_cast<double>(p.iter), p.loss);
+    if (std::isfinite(p.*field)) points.emplace_back(static_cast<double>(p.iter), p.*field);
   }
   return points;
 }
@@ -113,124 +127,156 @@ double marker_radius(size_t count) {
   return 0;  // dense evaluations: the line alone reads better
 }
 
+// Scales y values so tick labels stay short: learning rates as multiples of a power of ten
+// ("3.0" with "x1e-4" in the axis title), throughputs from 10000 up in thousands.
+double y_unit(double y_hi) {
+  if (y_hi > 0 && y_hi < 0.01) return std::pow(10.0, std::floor(std::log10(y_hi)));
+  if (y_hi >= 10000) return 1000;
+  return 1;
+}
+
+std::string unit_suffix(double unit) {
+  if (unit == 1) return "";
+  if (unit == 1000) return " (thousands)";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), " (\u00d71e%d)", static_cast<int>(std::lround(std::log10(unit))));
+  return buf;
+}
+
+// One panel in the plot area [px0, px1] x [py0, py1], on the shared iteration range.
+void draw_panel(Figure& fig, const Panel& panel, double px0, double py0, double px1, double py1, double x_lo,
+                double x_hi, bool x_labels) {
+  double y_lo = std::numeric_limits<double>::infinity(), y_hi = -y_lo;
+  for (const Series& s : panel.series) {
+    for (const auto& point : s.points) {
+      y_lo = std::min(y_lo, point.second);
+      y_hi = std::max(y_hi, point.second);
+    }
+  }
+  if (y_hi - y_lo < 1e-6 * std::max(1.0, std::abs(y_hi))) {
+    const double pad = std::max(std::abs(y_hi) * 0.05, 1e-12);
+    y_lo -= pad;
+    y_hi += pad;
+  }
+  const double y_pad = (y_hi - y_lo) * 0.06;
+  y_lo = panel.from_zero && y_lo >= 0 ? 0.0 : std::max(y_lo - y_pad, y_lo >= 0 ? 0.0 : y_lo - y_pad);
+  y_hi += y_pad;
+  auto to_px = [&](double x) { return px0 + (x - x_lo) / (x_hi - x_lo) * (px1 - px0); };
+  auto to_py = [&](double y) { return py1 - (y - y_lo) / (y_hi - y_lo) * (py1 - py0); };
+
+  const double unit = y_unit(y_hi);
+  const Ticks y_ticks = nice_ticks(y_lo / unit, y_hi / unit, {py1 - py0 > 200 ? 7 : 4});
+  for (size_t i = 0; i < y_ticks.values.size(); ++i) {
+    const double y = std::round(to_py(y_ticks.values[i] * unit)) + 0.5;
+    fig.line(px0, y, px1, y, kGrid);
+    fig.line(px0 - 5, y, px0, y, kAxis);
+    fig.text(px0 - 9, y, y_ticks.labels[i], kTickStyle, Anchor::End);
+  }
+  const Ticks x_ticks = nice_ticks(x_lo, x_hi, {8, /*integers=*/true, /*thousands=*/true});
+  for (size_t i = 0; i < x_ticks.values.size(); ++i) {
+    const double x = std::round(to_px(x_ticks.values[i])) + 0.5;
+    fig.line(x, py0, x, py1, kGrid);
+    fig.line(x, py1, x, py1 + 5, kAxis);
+    if (x_labels) fig.text(x, py1 + 16, x_ticks.labels[i], kTickStyle, Anchor::Middle);
+  }
+  fig.stroke_rect(px0 - 1, py0 - 1, px1 - px0 + 2, py1 - py0 + 2, kAxis);
+  fig.text(20, (py0 + py1) / 2, panel.y_title + unit_suffix(unit), kAxisTitleStyle, Anchor::Middle, -90);
+
+  fig.clip(px0, py0, px1 - px0, py1 - py0);
+  for (const Series& s : panel.series) {
+    std::vector<std::pair<double, double>> pixels;
+    pixels.reserve(s.points.size());
+    for (const auto& [x, y] : s.points) pixels.emplace_back(to_px(x), to_py(y));
+    fig.polyline(pixels, s.color, s.width);
+    const double radius = s.markers ? marker_radius(pixels.size()) : 0;
+    if (radius > 0) {
+      for (const auto& [x, y] : pixels) {
+        fig.fill_circle(x, y, radius + 1.2, kWhite);
+        fig.fill_circle(x, y, radius, s.color);
+      }
+    }
+  }
+  fig.reset_clip();
+  if (!panel.legend) return;
+
+  const double swatch = 30, pad = 10, row_h = 22;
+  double label_w = 0;
+  for (const Series& s : panel.series) label_w = std::max(label_w, fig.measure(s.label, kTickStyle).width);
+  const double box_w = pad + swatch + 8 + label_w + pad, box_h = 2 * pad + panel.series.size() * row_h - 6;
+  const double bx = px1 - box_w - 10, by = py0 + 10;
+  fig.fill_rect(bx, by, box_w, box_h, kWhite);
+  fig.stroke_rect(bx, by, box_w, box_h, {190, 190, 190});
+  for (size_t i = 0; i < panel.series.size(); ++i) {
+    const Series& s = panel.series[i];
+    const double cy = by + pad + 8 + i * row_h;
+    fig.line(bx + pad, cy, bx + pad + swatch, cy, s.color, std::max(s.width, 2.0));
+    if (s.markers) fig.fill_circle(bx + pad + swatch / 2, cy, 4.0, s.color);
+    fig.text(bx + pad + swatch + 8, cy, s.label, kTickStyle);
+  }
+}
+
 }  // namespace
 
-Canvas draw_loss_curves(const io::Metrics& metrics) {
-  std::vector<Series> series;
-  const auto train = finite_points(metrics.train);
+Figure draw_loss_curves(const io::Metrics& metrics) {
+  Panel loss{"loss", {}, /*legend=*/true};
+  const auto train = finite_points(metrics.train, &io::MetricPoint::loss);
   if (!train.empty()) {
     const bool smooth = train.size() >= 20;
-    series.push_back({smooth ? "train (per step)" : "train", train, smooth ? kTrainRaw : kTrainSmooth, 1.0, false});
-    if (smooth) series.push_back({"train (smoothed)", smoothed(train), kTrainSmooth, 2.0, false});
+    loss.series.push_back({smooth ? "train (per step)" : "train", train, smooth ? kTrainRaw : kTrainSmooth, 1.0, false});
+    if (smooth) loss.series.push_back({"train (smoothed)", smoothed(train), kTrainSmooth, 2.0, false});
   }
-  const auto train_eval = finite_points(metrics.train_eval);
-  if (!train_eval.empty()) series.push_back({"train_eval", train_eval, kTrainEval, 2.0, true});
-  const auto val = finite_points(metrics.val);
-  if (!val.empty()) series.push_back({"val", val, kVal, 2.0, true});
-  if (series.empty()) {
+  const auto train_eval = finite_points(metrics.train_eval, &io::MetricPoint::loss);
+  if (!train_eval.empty()) loss.series.push_back({"train_eval", train_eval, kTrainEval, 2.0, true});
+  const auto val = finite_points(metrics.val, &io::MetricPoint::loss);
+  if (!val.empty()) loss.series.push_back({"val", val, kVal, 2.0, true});
+  if (loss.series.empty()) {
     throw std::runtime_error("[viz] the metrics have no finite losses to plot yet (" +
                              std::to_string(metrics.train.size() + metrics.val.size() + metrics.train_eval.size()) +
                              " rows, all NaN/inf or none)");
   }
-
-  double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo, y_lo = x_lo, y_hi = -x_lo;
-  for (const Series& s : series) {
-    for (const auto& [x, y] : s.points) {
-      x_lo = std::min(x_lo, x);
-      x_hi = std::max(x_hi, x);
-      y_lo = std::min(y_lo, y);
-      y_hi = std::max(y_hi, y);
-    }
+  std::vector<Panel> panels{loss};
+  const auto lr = finite_points(metrics.train, &io::MetricPoint::lr);
+  if (!lr.empty()) panels.push_back({"learning rate", {{"lr", lr, kLr, 2.0, false}}, false, true});
+  const auto speed = finite_points(metrics.train, &io::MetricPoint::tokens_per_sec);
+  if (!speed.empty()) {
+    Panel throughput{"tokens/s", {{"tokens/s", speed, speed.size() >= 20 ? kSpeedRaw : kSpeed, 1.0, false}}, false, true};
+    if (speed.size() >= 20) throughput.series.push_back({"smoothed", smoothed(speed), kSpeed, 2.0, false});
+    panels.push_back(throughput);
   }
-  if (x_hi - x_lo < 1) x_hi = x_lo + 1;
-  if (y_hi - y_lo < 1e-6) {
-    y_lo -= 0.05;
-    y_hi += 0.05;
-  }
-  const double x_pad = (x_hi - x_lo) * 0.02, y_pad = (y_hi - y_lo) * 0.06;
-  x_lo -= x_pad;
-  x_hi += x_pad;
-  y_lo = std::max(y_lo - y_pad, y_lo >= 0 ? 0.0 : y_lo - y_pad);  // a loss axis need not go below 0
-  y_hi += y_pad;
 
-  Canvas canvas(kLossPlotWidth, kLossPlotHeight, kWhite);
-  const int px0 = kLeft, py0 = kTop, px1 = kLossPlotWidth - kRight, py1 = kLossPlotHeight - kBottom;
-  auto to_px = [&](double x) { return px0 + (x - x_lo) / (x_hi - x_lo) * (px1 - px0); };
-  auto to_py = [&](double y) { return py1 - (y - y_lo) / (y_hi - y_lo) * (py1 - py0); };
-  const int glyph_h = kCapHeight * kTickScale;
-
-  // Title and summary.
-  const std::string title = "Loss curves";
-  canvas.draw_text((kLossPlotWidth - text_width(title, kTitleScale)) / 2, 10, title, kText, kTitleScale);
-  const std::string summary = summary_line(metrics);
-  const int summary_scale = text_width(summary, kTickScale) <= kLossPlotWidth - 20 ? kTickScale : 1;
-  canvas.draw_text((kLossPlotWidth - text_width(summary, summary_scale)) / 2, 10 + kCapHeight * kTitleScale + 8,
-                   summary, kMutedText, summary_scale);
-
-  // Grid, ticks and tick labels.
-  const Ticks y_ticks = nice_ticks(y_lo, y_hi, {7});
-  for (size_t i = 0; i < y_ticks.values.size(); ++i) {
-    const int y = static_cast<int>(std::lround(to_py(y_ticks.values[i])));
-    canvas.fill_rect(px0, y, px1 - px0, 1, kGrid);
-    canvas.fill_rect(px0 - 5, y, 5, 1, kAxis);
-    const std::string& label = y_ticks.labels[i];
-    canvas.draw_text(px0 - 9 - text_width(label, kTickScale), y - glyph_h / 2, label, kText, kTickScale);
-  }
-  const Ticks x_ticks = nice_ticks(x_lo, x_hi, {8, /*integers=*/true, /*thousands=*/true});
-  for (size_t i = 0; i < x_ticks.values.size(); ++i) {
-    const int x = static_cast<int>(std::lround(to_px(x_ticks.values[i])));
-    canvas.fill_rect(x, py0, 1, py1 - py0, kGrid);
-    canvas.fill_rect(x, py1, 1, 5, kAxis);
-    const std::string& label = x_ticks.labels[i];
-    canvas.draw_text(x - text_width(label, kTickScale) / 2, py1 + 10, label, kText, kTickScale);
-  }
-  canvas.stroke_rect(px0 - 1, py0 - 1, px1 - px0 + 2, py1 - py0 + 2, kAxis);
-
-  // Axis titles.
-  const std::string x_title = "iteration";
-  canvas.draw_text((px0 + px1 - text_width(x_title, kTickScale)) / 2, py1 + 10 + glyph_h + 12, x_title, kText,
-                   kTickScale);
-  const std::string y_title = "loss";
-  canvas.draw_text_up(8, (py0 + py1 + text_width(y_title, kTickScale)) / 2, y_title, kText, kTickScale);
-
-  // Curves, clipped to the plot area.
-  canvas.set_clip(px0, py0, px1 - px0, py1 - py0);
-  for (const Series& s : series) {
-    std::vector<std::pair<double, double>> pixels;
-    pixels.reserve(s.points.size());
-    for (const auto& [x, y] : s.points) pixels.emplace_back(to_px(x), to_py(y));
-    canvas.draw_polyline(pixels, s.color, s.width);
-    const double radius = s.markers ? marker_radius(pixels.size()) : 0;
-    if (radius > 0) {
-      for (const auto& [x, y] : pixels) {
-        canvas.fill_circle(x, y, radius + 1.2, kWhite);
-        canvas.fill_circle(x, y, radius, s.color);
+  double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo;
+  for (const Panel& panel : panels) {
+    for (const Series& s : panel.series) {
+      for (const auto& point : s.points) {
+        x_lo = std::min(x_lo, point.first);
+        x_hi = std::max(x_hi, point.first);
       }
     }
   }
-  canvas.reset_clip();
+  if (x_hi - x_lo < 1) x_hi = x_lo + 1;
+  const double x_pad = (x_hi - x_lo) * 0.02;
+  x_lo -= x_pad;
+  x_hi += x_pad;
 
-  // Legend.
-  const int swatch = 30, pad = 10, row_h = glyph_h + 10;
-  int label_w = 0;
-  for (const Series& s : series) label_w = std::max(label_w, text_width(s.label, kTickScale));
-  const int box_w = pad + swatch + 8 + label_w + pad, box_h = pad + static_cast<int>(series.size()) * row_h - 10 + pad;
-  const int bx = px1 - box_w - 10, by = py0 + 10;
-  canvas.fill_rect(bx, by, box_w, box_h, kWhite);
-  canvas.stroke_rect(bx, by, box_w, box_h, {190, 190, 190});
-  for (size_t i = 0; i < series.size(); ++i) {
-    const Series& s = series[i];
-    const int ty = by + pad + static_cast<int>(i) * row_h;
-    const double cy = ty + glyph_h / 2.0;
-    canvas.draw_line(bx + pad, cy, bx + pad + swatch, cy, s.color, std::max(s.width, 2.0));
-    if (s.markers) canvas.fill_circle(bx + pad + swatch / 2.0, cy, 4.0, s.color);
-    canvas.draw_text(bx + pad + swatch + 8, ty, s.label, kText, kTickScale);
+  const int extra = static_cast<int>(panels.size()) - 1;
+  Figure fig(kLossPlotWidth, kLossPanelHeight + extra * kExtraPanelHeight, kWhite);
+  fig.text(kLossPlotWidth / 2.0, 22, "Training curves", {20, kText, /*bold=*/true}, Anchor::Middle);
+  fig.text(kLossPlotWidth / 2.0, 48, summary_line(metrics), {13, kMutedText}, Anchor::Middle);
+
+  const double px0 = kLeft, px1 = kLossPlotWidth - kRight;
+  double py0 = kTop;
+  for (size_t i = 0; i < panels.size(); ++i) {
+    const double h = i == 0 ? kLossPanelHeight - kTop - kBottom : kExtraPanelHeight - kPanelGap;
+    const bool last = i + 1 == panels.size();
+    draw_panel(fig, panels[i], px0, py0, px1, py0 + h, x_lo, x_hi, last);
+    py0 += h + kPanelGap;
   }
-  return canvas;
+  fig.text((px0 + px1) / 2, fig.height() - 18, "iteration", kAxisTitleStyle, Anchor::Middle);
+  return fig;
 }
 
-void plot_loss_curves(const std::string& metrics_csv, const std::string& png_path) {
-  draw_loss_curves(io::read_metrics_csv(metrics_csv)).save_png(png_path);
+void plot_loss_curves(const std::string& metrics_csv, const std::string& out_path) {
+  draw_loss_curves(io::read_metrics_csv(metrics_csv)).save(out_path);
 }
 
 }  // namespace nanogpt::viz
