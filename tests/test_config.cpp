@@ -303,6 +303,13 @@ TEST(Config, ValidationFailuresNameTheKey) {
       {{"--dataset="}, "dataset"},
       {{"--weight_decay=-1"}, "weight_decay (-1.0)"},
       {{"--grad_clip=-1"}, "grad_clip (-1.0)"},
+      {{"--optimizer=sgd"}, "optimizer (sgd) must be adamw or muon"},
+      {{"--muon_learning_rate=0"}, "muon_learning_rate (0.0)"},
+      {{"--muon_momentum=1"}, "muon_momentum (1.0)"},
+      {{"--lr_schedule=linear"}, "lr_schedule (linear) must be cosine or wsd"},
+      {{"--decay_frac=0"}, "decay_frac (0.0)"},
+      {{"--mlp=geglu"}, "mlp (geglu)"},
+      {{"--logit_softcap=-1"}, "logit_softcap (-1.0)"},
   };
   for (const auto& [args, expected] : cases) {
     SCOPED_TRACE(expected);
@@ -457,4 +464,29 @@ TEST(Config, SetArchitectureCopiesArchitectureButKeepsDropout) {
   EXPECT_EQ(c.model.norm, "rmsnorm");
   EXPECT_EQ(c.model.attention, "math");
   EXPECT_DOUBLE_EQ(c.model.dropout, 0.1);
+}
+
+// The modern presets are the CPU presets with the switches of issue 15 on, and nothing else changed:
+// the same data, model size, batch, iterations and learning rate, so their val loss compares.
+TEST(Config, ModernPresetsDifferFromTheirBaseOnlyInTheSwitches) {
+  for (const std::string name : {"shakespeare_char", "tang_poems"}) {
+    SCOPED_TRACE(name);
+    TrainConfig base = load_config(kConfigs + name + "_cpu.yaml");
+    const TrainConfig modern = load_config(kConfigs + name + "_modern_cpu.yaml");
+    EXPECT_NE(modern.out_dir, base.out_dir);
+    base.out_dir = modern.out_dir;
+    base.model.norm = modern.model.norm;
+    base.model.qk_norm = modern.model.qk_norm;
+    base.model.mlp = modern.model.mlp;
+    base.model.tie_embeddings = modern.model.tie_embeddings;
+    base.model.logit_softcap = modern.model.logit_softcap;
+    base.optimizer = modern.optimizer;
+    base.muon_learning_rate = modern.muon_learning_rate;
+    base.muon_momentum = modern.muon_momentum;
+    base.lr_schedule = modern.lr_schedule;
+    base.decay_frac = modern.decay_frac;
+    EXPECT_EQ(to_yaml(base), to_yaml(modern));
+    EXPECT_TRUE(modern.model.qk_norm);
+    EXPECT_EQ(modern.lr_schedule, "wsd");
+  }
 }
