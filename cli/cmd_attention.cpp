@@ -1,6 +1,8 @@
 // nanogpt attention: run a prompt through a trained model and draw every head's attention
 // weights (one heatmap per layer and head, PNG or SVG), plus the raw weights as CSV; with --html,
 // also an interactive explorer page over the prompt and a sampled continuation.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -30,8 +32,7 @@ std::vector<int64_t> select_layers(const std::string& spec, int64_t n_layer) {
     for (int64_t l = 0; l < n_layer; ++l) layers.push_back(l);
     return layers;
   }
-  const std::string range = "this model has " + std::to_string(n_layer) + " layers: use 0.." +
-                            std::to_string(n_layer - 1) + " or all";
+  const std::string range = fmt::format("this model has {} layers: use 0..{} or all", n_layer, n_layer - 1);
   const bool digits = !spec.empty() && spec.size() < 10 && spec.find_first_not_of("0123456789") == std::string::npos;
   if (!digits) throw std::runtime_error("[attention] --layer '" + spec + "' is not a layer number (" + range + ")");
   const int64_t layer = std::stoll(spec);
@@ -143,15 +144,15 @@ void add_attention_command(CLI::App& app) {
     const std::string out = opts->out.empty() ? (ckpt_dir / "attention.png").string() : opts->out;
     const std::string csv =
         opts->csv.empty() ? std::filesystem::path(out).replace_extension(".csv").string() : opts->csv;
-    const std::string title = "attention | " + std::filesystem::path(ckpt_path).filename().string() + " (iter " +
-                              std::to_string(loaded.meta.iter) + ") | " + std::to_string(T) + " tokens";
+    const std::string title = fmt::format("attention | {} (iter {}) | {} tokens",
+                                          std::filesystem::path(ckpt_path).filename().string(), loaded.meta.iter, T);
     viz::plot_attention(panels, labels, out, title);
     viz::write_attention_csv(panels, labels, csv);
     std::printf("[attention] wrote %s and %s | %zu panels | %lld tokens\n", out.c_str(), csv.c_str(), panels.size(),
                 static_cast<long long>(T));
     if (!opts->html.empty()) {
       viz::ExplorerData explorer;
-      explorer.title = title + " + " + std::to_string(new_tokens) + " sampled";
+      explorer.title = fmt::format("{} + {} sampled", title, new_tokens);
       for (int64_t id : sequence) explorer.tokens.push_back(loaded.vocab.decode_one(id));
       explorer.prompt_tokens = T;
       for (const torch::Tensor& map : maps) explorer.layers.push_back(map[0].to(torch::kCPU, torch::kFloat));  // (nh, S, S)

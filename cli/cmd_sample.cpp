@@ -201,7 +201,7 @@ void run_sample(const SampleArgs& a) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "[sample] %lld tokens in %.2f s: %.0f tok/s (%s, %s, %s)\n", static_cast<long long>(generated),
                seconds, generated / std::max(seconds, 1e-9), a.no_cache ? "no cache" : "KV cache",
-               a.batch ? ("batch of " + std::to_string(a.num_samples)).c_str() : "one sample at a time",
+               a.batch ? fmt::format("batch of {}", a.num_samples).c_str() : "one sample at a time",
                device.str().c_str());
 }
 

@@ -3,6 +3,8 @@
 // libraries), so a seed gives the same batches with libstdc++ and libc++.
 #include "data/batch_sampler.h"
 
+#include <fmt/format.h>
+
 #include <sstream>
 #include <stdexcept>
 
@@ -26,14 +28,14 @@ BatchSampler::BatchSampler(torch::Tensor tokens, int64_t batch_size, int64_t blo
     throw std::runtime_error("[data] BatchSampler needs a 1-D token tensor (see read_token_file)");
   }
   if (batch_size < 1 || block_size < 1) {
-    throw std::runtime_error("[data] batch_size (" + std::to_string(batch_size) + ") and block_size (" +
-                             std::to_string(block_size) + ") must be at least 1");
+    throw std::runtime_error(
+        fmt::format("[data] batch_size ({}) and block_size ({}) must be at least 1", batch_size, block_size));
   }
   tokens_ = tokens.to(torch::kCPU, torch::kInt32).contiguous();
   if (tokens_.size(0) < block_size + 1) {
-    throw std::runtime_error("[data] split has " + std::to_string(tokens_.size(0)) +
-                             " tokens, fewer than block_size + 1 = " + std::to_string(block_size + 1) +
-                             " (use a smaller block_size or a longer corpus)");
+    throw std::runtime_error(fmt::format(
+        "[data] split has {} tokens, fewer than block_size + 1 = {} (use a smaller block_size or a longer corpus)",
+        tokens_.size(0), block_size + 1));
   }
 }
 
@@ -46,7 +48,7 @@ std::pair<torch::Tensor, torch::Tensor> BatchSampler::next(torch::Device device)
 }
 
 std::pair<torch::Tensor, torch::Tensor> BatchSampler::sequential(int64_t index, torch::Device device) const {
-  if (index < 0) throw std::runtime_error("[data] sequential batch index " + std::to_string(index) + " is negative");
+  if (index < 0) throw std::runtime_error(fmt::format("[data] sequential batch index {} is negative", index));
   const auto num_starts = static_cast<unsigned __int128>(num_tokens() - block_size_);
   std::vector<int64_t> starts(static_cast<size_t>(batch_size_));
   for (int64_t b = 0; b < batch_size_; ++b) {

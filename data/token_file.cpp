@@ -34,8 +34,8 @@ uint64_t get_le(const unsigned char* p, int bytes) {
 
 void write_token_file(const std::string& path, const std::vector<int64_t>& tokens, int64_t vocab_size) {
   if (vocab_size <= 0 || vocab_size > (int64_t{1} << 32)) {
-    throw std::runtime_error("[data] cannot write '" + path + "': vocab_size " + std::to_string(vocab_size) +
-                             " is out of range (1..4294967296)");
+    throw std::runtime_error(
+        fmt::format("[data] cannot write '{}': vocab_size {} is out of range (1..4294967296)", path, vocab_size));
   }
   const int width = vocab_size <= 65536 ? 2 : 4;
   std::string bytes;
@@ -46,9 +46,9 @@ void write_token_file(const std::string& path, const std::vector<int64_t>& token
   put_le(bytes, tokens.size(), 8);
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab_size) {
-      throw std::runtime_error("[data] cannot write '" + path + "': token " + std::to_string(tokens[i]) + " at index " +
-                               std::to_string(i) + " is outside the vocabulary (size " + std::to_string(vocab_size) +
-                               ")");
+      throw std::runtime_error(
+          fmt::format("[data] cannot write '{}': token {} at index {} is outside the vocabulary (size {})", path,
+                      tokens[i], i, vocab_size));
     }
     put_le(bytes, static_cast<uint64_t>(tokens[i]), width);
   }
@@ -59,25 +59,25 @@ torch::Tensor read_token_file(const std::string& path, int64_t vocab_size) {
   const std::string bytes = io::read_file(path);
   if (bytes.empty()) bad_file(path, "the file is empty, not a token file");
   if (bytes.size() < kHeaderBytes) {
-    bad_file(path, "the file has " + std::to_string(bytes.size()) + " bytes, shorter than the " +
-                       std::to_string(kHeaderBytes) + "-byte token file header");
+    bad_file(path, fmt::format("the file has {} bytes, shorter than the {}-byte token file header", bytes.size(),
+                               kHeaderBytes));
   }
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) bad_file(path, "not a token file (wrong magic number)");
   const uint64_t version = get_le(p + 8, 4);
   if (version != kTokenFileVersion) {
-    bad_file(path, "unsupported token file version " + std::to_string(version) + " (this build reads version " +
-                       std::to_string(kTokenFileVersion) + ")");
+    bad_file(path, fmt::format("unsupported token file version {} (this build reads version {})", version,
+                               kTokenFileVersion));
   }
   const uint64_t width = get_le(p + 12, 4);
-  if (width != 2 && width != 4) bad_file(path, "invalid token width " + std::to_string(width) + " (expected 2 or 4)");
+  if (width != 2 && width != 4) bad_file(path, fmt::format("invalid token width {} (expected 2 or 4)", width));
   const uint64_t count = get_le(p + 16, 8);
   const uint64_t payload = bytes.size() - kHeaderBytes;
   // Compare without multiplying, so a corrupt huge count cannot overflow.
   if (payload % width != 0 || payload / width != count) {
-    bad_file(path, "the header says " + std::to_string(count) + " tokens of " + std::to_string(width) +
-                       " bytes, but the file holds " + std::to_string(payload) +
-                       " bytes of tokens (truncated or corrupt)");
+    bad_file(path, fmt::format("the header says {} tokens of {} bytes, but the file holds {} bytes of tokens "
+                               "(truncated or corrupt)",
+                               count, width, payload));
   }
   auto tokens = torch::empty({static_cast<int64_t>(count)}, torch::kInt32);
   int32_t* out = tokens.data_ptr<int32_t>();

@@ -2,6 +2,8 @@
 // every failure carries errno's reason.
 #include "io/atomic_file.h"
 
+#include <fmt/format.h>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,7 +25,7 @@ std::runtime_error sys_error(const std::string& what) { return std::runtime_erro
 // Unique per process and call, so concurrent writers of the same path never share a temp file.
 std::string temp_path_for(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
-  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  return fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
 }
 
 void fsync_path(const std::string& path, int flags) {

@@ -1,6 +1,8 @@
 // Flat AdamW (see adamw.h).
 #include "train/adamw.h"
 
+#include <fmt/format.h>
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -203,8 +205,9 @@ void FlatAdamW::load_state(const std::vector<std::pair<std::string, torch::Tenso
   for (auto [name, dst] : expected) {
     const torch::Tensor t = find(name);
     if (t.numel() != dst->numel())
-      throw std::runtime_error("[ckpt] optimizer state '" + name + "' has " + std::to_string(t.numel()) +
-                               " values, expected " + std::to_string(dst->numel()) + " (architecture changed?)");
+      throw std::runtime_error(fmt::format(
+          "[ckpt] optimizer state '{}' has {} values, expected {} (architecture changed?)", name, t.numel(),
+          dst->numel()));
     if (!t.is_floating_point()) throw std::runtime_error("[ckpt] optimizer state '" + name + "' is not floating point");
     checked.emplace_back(t, dst);
   }

@@ -9,6 +9,8 @@
 // Numbers are written so that they read back bit for bit (JSON's shortest round-trip form).
 #include "train/checkpoint.h"
 
+#include <fmt/format.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/stat.h>
 
@@ -130,10 +132,9 @@ model::ModelConfig read_model_config(const Metadata& meta, const std::string& pa
     throw ckpt_error(path, "stored model config is implausibly large (damaged file?)");
   const double needed = min_weight_bytes(m);
   if (needed > static_cast<double>(file_size))
-    throw ckpt_error(path, "stored model config (vocab_size " + std::to_string(m.vocab_size) + ", n_layer " +
-                               std::to_string(m.n_layer) + ", n_embd " + std::to_string(m.n_embd) + ") needs at least " +
-                               std::to_string(static_cast<uint64_t>(needed)) + " bytes of weights, but the file has " +
-                               std::to_string(file_size) + " (damaged file?)");
+    throw ckpt_error(path, fmt::format("stored model config (vocab_size {}, n_layer {}, n_embd {}) needs at least {} "
+                                       "bytes of weights, but the file has {} (damaged file?)",
+                                       m.vocab_size, m.n_layer, m.n_embd, static_cast<uint64_t>(needed), file_size));
   return m;
 }
 
@@ -156,8 +157,9 @@ CheckpointMeta read_meta(io::SafeTensorsReader& reader, const std::string& path)
   CheckpointMeta meta;
   meta.format_version = stored.integer("format_version");
   if (meta.format_version != kCheckpointFormatVersion)
-    throw ckpt_error(path, "checkpoint format version " + std::to_string(meta.format_version) + ", this build reads version " +
-                               std::to_string(kCheckpointFormatVersion) + " (use the nanogpt that wrote it)");
+    throw ckpt_error(path, fmt::format("checkpoint format version {}, this build reads version {} (use the nanogpt "
+                                       "that wrote it)",
+                                       meta.format_version, kCheckpointFormatVersion));
   meta.iter = stored.integer("iter");
   if (meta.iter < 0) throw ckpt_error(path, "negative iteration count");
   meta.best_val_loss = stored.number("best_val_loss");
@@ -173,14 +175,14 @@ CheckpointMeta read_meta(io::SafeTensorsReader& reader, const std::string& path)
     throw ckpt_error(path, e.what());
   }
   if (meta.vocab.size() != meta.model_config.vocab_size)
-    throw ckpt_error(path, "vocabulary has " + std::to_string(meta.vocab.size()) + " characters but the model expects " +
-                               std::to_string(meta.model_config.vocab_size));
+    throw ckpt_error(path, fmt::format("vocabulary has {} characters but the model expects {}", meta.vocab.size(),
+                                       meta.model_config.vocab_size));
   meta.torch_rng_state = read_tensor(reader, path, "rng.cpu", true);
   // Resume hands it to the CPU generator, whose own size check throws LibTorch's multi-line error.
   const int64_t rng_bytes = at::make_generator<at::CPUGeneratorImpl>().get_state().numel();
   if (meta.torch_rng_state.scalar_type() != torch::kByte || meta.torch_rng_state.dim() != 1 ||
       meta.torch_rng_state.numel() != rng_bytes)
-    throw ckpt_error(path, "tensor 'rng.cpu' is not a CPU generator state (" + std::to_string(rng_bytes) + " bytes of U8)");
+    throw ckpt_error(path, fmt::format("tensor 'rng.cpu' is not a CPU generator state ({} bytes of U8)", rng_bytes));
   meta.cuda_rng_state = read_tensor(reader, path, "rng.cuda", false);
   if (meta.cuda_rng_state.defined() && (meta.cuda_rng_state.scalar_type() != torch::kByte || meta.cuda_rng_state.dim() != 1))
     throw ckpt_error(path, "tensor 'rng.cuda' is not a generator state (1-D U8)");

@@ -73,7 +73,7 @@ const std::array kKeys = {
 }
 
 std::string line_suffix(const YAML::Mark& mark) {
-  return mark.is_null() ? "" : ", line " + std::to_string(mark.line + 1);
+  return mark.is_null() ? "" : fmt::format(", line {}", mark.line + 1);
 }
 
 // Shortest text that parses back to the same double, written as nanoGPT would: "6e-4" rather than
@@ -249,7 +249,7 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
   try {
     const size_t documents = count_documents(yaml_text, source);
     if (documents > 1)
-      fail(source, "holds " + std::to_string(documents) + " YAML documents; a config is one mapping of key: value");
+      fail(source, fmt::format("holds {} YAML documents; a config is one mapping of key: value", documents));
     if (documents == 0) return config;  // empty text (or only comments): all defaults
     const YAML::Node root = YAML::Load(yaml_text);
     if (root.IsNull()) return config;  // empty document: all defaults

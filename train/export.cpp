@@ -1,6 +1,8 @@
 // export_safetensors (see export.h): parameters in fp32 plus everything needed to run them.
 #include "train/export.h"
 
+#include <fmt/format.h>
+
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -40,9 +42,9 @@ void export_safetensors(const LoadedModel& loaded, const std::string& path) {
   if (!loaded.model) throw std::runtime_error("[export] no model to export (load a checkpoint first)");
   const model::ModelConfig& config = loaded.model->config();
   if (loaded.vocab.size() != config.vocab_size)
-    throw std::runtime_error("[export] vocabulary has " + std::to_string(loaded.vocab.size()) +
-                             " characters but the model's vocab_size is " + std::to_string(config.vocab_size) +
-                             " (corrupted checkpoint?)");
+    throw std::runtime_error(fmt::format(
+        "[export] vocabulary has {} characters but the model's vocab_size is {} (corrupted checkpoint?)",
+        loaded.vocab.size(), config.vocab_size));
 
   // The head is tied to wte (one parameter, one tensor); the metadata says so.
   std::vector<std::pair<std::string, torch::Tensor>> tensors;

@@ -1,6 +1,8 @@
 // Dynamic loss scaling (see grad_scaler.h).
 #include "train/grad_scaler.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -43,7 +45,7 @@ int64_t GradScaler::growth_tracker() const { return growth_tracker_.item<int64_t
 
 void GradScaler::restore(double scale, int64_t growth_tracker) {
   if (!std::isfinite(scale) || scale <= 0.0)
-    throw std::runtime_error("[ckpt] loss scale " + std::to_string(scale) + " is not a positive finite number");
+    throw std::runtime_error(fmt::format("[ckpt] loss scale {:f} is not a positive finite number", scale));
   if (growth_tracker < 0) throw std::runtime_error("[ckpt] loss scale growth tracker is negative");
   scale_.fill_(scale);
   growth_tracker_.fill_(growth_tracker);

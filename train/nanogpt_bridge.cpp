@@ -69,9 +69,8 @@ void run_bridge(const PythonBridge& bridge, const std::vector<std::string>& args
     begin = end + 1;
   }
   if (!own.empty()) throw std::runtime_error(io::printable(own));
-  throw std::runtime_error(io::printable("[" + tag + "] " + bridge.script + " failed (exit " +
-                                         std::to_string(result.exit_code) + "): " + (last.empty() ? "no output" : last) +
-                                         " (" + hint + ")"));
+  throw std::runtime_error(io::printable(fmt::format("[{}] {} failed (exit {}): {} ({})", tag, bridge.script,
+                                                     result.exit_code, last.empty() ? "no output" : last, hint)));
 }
 
 std::map<std::string, torch::Tensor> by_name(io::SafeTensors& file) {
@@ -177,8 +176,7 @@ std::string nanogpt_lacks(const model::ModelConfig& config) {
     return (config.pos_encoding == "rope" ? "RoPE" : "sinusoidal positions") + (" (pos_encoding " + config.pos_encoding + ")");
   if (config.norm != "layernorm") return "RMSNorm (norm " + config.norm + ")";
   if (config.kv_heads() != config.n_head)
-    return "grouped-query attention (n_kv_head " + std::to_string(config.kv_heads()) + " < n_head " +
-           std::to_string(config.n_head) + ")";
+    return fmt::format("grouped-query attention (n_kv_head {} < n_head {})", config.kv_heads(), config.n_head);
   if (config.qk_norm) return "QK-norm (qk_norm true)";
   if (config.mlp != "gelu") return config.mlp + " MLP (mlp " + config.mlp + ")";
   if (!config.tie_embeddings) return "untied head (tie_embeddings false)";

@@ -1,6 +1,8 @@
 // nanoGPT's dicts against ours (see nanogpt_config.h).
 #include "train/nanogpt_config.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <map>
 #include <stdexcept>
@@ -99,14 +101,15 @@ NanoVocab vocab_from_meta(const Json& meta, int64_t vocab_size, const std::strin
         const auto c = static_cast<char32_t>(cp.get<uint32_t>());
         if (c <= 0x10FFFF && (c < 0xD800 || c > 0xDFFF)) data::append_utf8(text, c);
       }
-      throw import_error(where + ": token " + std::to_string(id) + " is '" + text + "', " + std::to_string(cps.size()) +
-                         " characters: a subword (BPE) vocabulary, and nanogpt-cpp is character-level");
+      throw import_error(fmt::format(
+          "{}: token {} is '{}', {} characters: a subword (BPE) vocabulary, and nanogpt-cpp is character-level", where,
+          id, text, cps.size()));
     }
     const uint32_t cp = cps[0].get<uint32_t>();
     if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-      throw import_error(where + ": token " + std::to_string(id) + " is not a Unicode character");
+      throw import_error(fmt::format("{}: token {} is not a Unicode character", where, id));
     if (id < 0 || id >= n || seen[static_cast<size_t>(id)])
-      throw import_error(where + ": itos ids are not 0.." + std::to_string(n - 1) + ", each once (id " + std::to_string(id) + ")");
+      throw import_error(fmt::format("{}: itos ids are not 0..{}, each once (id {})", where, n - 1, id));
     seen[static_cast<size_t>(id)] = true;
     chars[static_cast<size_t>(id)] = static_cast<char32_t>(cp);
   }
@@ -125,8 +128,9 @@ NanoVocab vocab_from_meta(const Json& meta, int64_t vocab_size, const std::strin
     if (!inverse) throw import_error(where + ": stoi is not the inverse of itos (a damaged meta.pkl?)");
   }
   if (n != vocab_size)
-    throw import_error(where + " has " + std::to_string(n) + " characters but the model's vocab_size is " +
-                       std::to_string(vocab_size) + " (the meta.pkl of another dataset, or a BPE model?)");
+    throw import_error(fmt::format(
+        "{} has {} characters but the model's vocab_size is {} (the meta.pkl of another dataset, or a BPE model?)",
+        where, n, vocab_size));
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::map<char32_t, int64_t> nano_id;
   for (int64_t id = 0; id < n; ++id) nano_id[chars[static_cast<size_t>(id)]] = id;

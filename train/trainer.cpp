@@ -1,6 +1,8 @@
 // The training loop (see trainer.h).
 #include "train/trainer.h"
 
+#include <fmt/format.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
@@ -88,9 +90,10 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (prepared) log_->info("{} (prepared from {}/input.txt)", data::summary_line(meta), config_.dataset);
   vocab_ = meta.vocab;
   if (resume && !(resume_meta.vocab == vocab_))
-    throw std::runtime_error("[train] the checkpoint's vocabulary (" + std::to_string(resume_meta.vocab.size()) +
-                             " chars) differs from dataset '" + config_.dataset + "' (" + std::to_string(vocab_.size()) +
-                             " chars): resume with the dataset it was trained on");
+    throw std::runtime_error(fmt::format(
+        "[train] the checkpoint's vocabulary ({} chars) differs from dataset '{}' ({} chars): resume with the "
+        "dataset it was trained on",
+        resume_meta.vocab.size(), config_.dataset, vocab_.size()));
   train_tokens_ = data::read_token_file(config_.dataset + "/train.bin", vocab_.size());
   val_tokens_ = data::read_token_file(config_.dataset + "/val.bin", vocab_.size());
   sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.model.block_size, config_.seed);
@@ -239,8 +242,10 @@ TrainResult Trainer::run_loop() {
       metrics.row(iter_, "train_eval", train_loss, lr, 0, 0);
       metrics.row(iter_, "val", val_loss, lr, 0, 0);
       if (!std::isfinite(val_loss) || !std::isfinite(train_loss))
-        throw std::runtime_error("[train] evaluation loss is not finite at iter " + std::to_string(iter_) +
-                                 ": stopping; the last good checkpoint is untouched (try a lower learning_rate)");
+        throw std::runtime_error(fmt::format(
+            "[train] evaluation loss is not finite at iter {}: stopping; the last good checkpoint is untouched (try a "
+            "lower learning_rate)",
+            iter_));
       if (config_.plot) {
         try {
           viz::plot_loss_curves(metrics_path, config_.out_dir + "/loss.png");
@@ -267,9 +272,10 @@ TrainResult Trainer::run_loop() {
     if (log_now || !device_.is_cuda()) {  // on CPU reading the loss costs nothing: check every step
       loss_value = loss_sum.item<double>() / static_cast<double>(config_.gradient_accumulation_steps);
       if (!std::isfinite(loss_value))
-        throw std::runtime_error("[train] loss is not finite at iter " + std::to_string(iter_) + " (lr " +
-                                 std::to_string(lr) + "): stopping; the last good checkpoint '" + config_.out_dir + "/" +
-                                 kLastCheckpoint + "' is untouched (try a lower learning_rate or dtype: float32)");
+        throw std::runtime_error(fmt::format(  // {:f}: six decimals, the message's text before fmt
+            "[train] loss is not finite at iter {} (lr {:f}): stopping; the last good checkpoint '{}/{}' is untouched "
+            "(try a lower learning_rate or dtype: float32)",
+            iter_, lr, config_.out_dir, kLastCheckpoint));
     }
     const double ms = ms_since(t0);
     step_ms.push_back(ms);

@@ -1,7 +1,9 @@
 // Attention CSV writer: one long-format row per (panel, query, key <= query).
 #include "viz/attention_csv.h"
 
-#include <cstdio>
+#include <fmt/format.h>
+
+#include <iterator>
 
 #include "io/atomic_file.h"
 
@@ -33,18 +35,14 @@ void write_attention_csv(const std::vector<AttentionPanel>& panels, const std::v
   for (const std::string& label : token_labels) tokens.push_back(csv_token(label));
 
   std::string csv = std::string(kAttentionCsvHeader) + "\n";
-  char number[64];
+  auto out = std::back_inserter(csv);
   for (const AttentionPanel& panel : panels) {
     const torch::Tensor w = panel.weights.detach().to(torch::kCPU, torch::kFloat).contiguous();
     const auto a = w.accessor<float, 2>();
-    const std::string prefix = std::to_string(panel.layer) + "," + std::to_string(panel.head) + ",";
     for (int64_t i = 0; i < T; ++i) {
       for (int64_t j = 0; j <= i; ++j) {
-        std::snprintf(number, sizeof(number), "%.8g", static_cast<double>(a[i][j]));
-        csv += prefix;
-        csv += std::to_string(i) + "," + std::to_string(j) + "," + tokens[i] + "," + tokens[j] + ",";
-        csv += number;
-        csv += '\n';
+        fmt::format_to(out, "{},{},{},{},{},{},{:.8g}\n", panel.layer, panel.head, i, j, tokens[i], tokens[j],
+                       static_cast<double>(a[i][j]));
       }
     }
   }

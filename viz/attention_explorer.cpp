@@ -2,6 +2,8 @@
 // through viz/explorer_html.h.in) with the data as JSON in place of its marker.
 #include "viz/attention_explorer.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -39,17 +41,16 @@ std::string attention_explorer_html(const ExplorerData& data) {
   const auto T = static_cast<int64_t>(data.tokens.size());
   if (data.layers.empty()) throw std::runtime_error("[viz] the attention explorer needs at least one layer");
   if (data.prompt_tokens < 1 || data.prompt_tokens > T) {
-    throw std::runtime_error("[viz] the explorer's prompt has " + std::to_string(data.prompt_tokens) +
-                             " tokens; expected 1.." + std::to_string(T) + " (the number of tokens)");
+    throw std::runtime_error(fmt::format(
+        "[viz] the explorer's prompt has {} tokens; expected 1..{} (the number of tokens)", data.prompt_tokens, T));
   }
   const int64_t n_head = data.layers[0].dim() == 3 ? data.layers[0].size(0) : 0;
   nlohmann::json layers = nlohmann::json::array();
   for (size_t l = 0; l < data.layers.size(); ++l) {
     const torch::Tensor& w = data.layers[l];
     if (!w.defined() || w.dim() != 3 || w.size(0) != n_head || w.size(1) != T || w.size(2) != T) {
-      throw std::runtime_error("[viz] explorer layer " + std::to_string(l) + " has shape " +
-                               (w.defined() ? c10::str(w.sizes()) : std::string("(none)")) + "; expected [" +
-                               std::to_string(n_head) + ", " + std::to_string(T) + ", " + std::to_string(T) + "]");
+      throw std::runtime_error(fmt::format("[viz] explorer layer {} has shape {}; expected [{}, {}, {}]", l,
+                                           w.defined() ? c10::str(w.sizes()) : std::string("(none)"), n_head, T, T));
     }
     layers.push_back(layer_json(w, T));
   }

@@ -3,6 +3,8 @@
 // right of the first row.
 #include "viz/attention_plot.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -98,12 +100,12 @@ int64_t check_attention_panels(const std::vector<AttentionPanel>& panels,
   if (T == 0) throw std::runtime_error("[viz] no token labels: the prompt must have at least one token");
   std::set<std::pair<int64_t, int64_t>> seen;
   for (const AttentionPanel& p : panels) {
-    const std::string name = "layer " + std::to_string(p.layer) + " head " + std::to_string(p.head);
+    const std::string name = fmt::format("layer {} head {}", p.layer, p.head);
     if (!p.weights.defined()) throw std::runtime_error("[viz] attention panel " + name + " has no weights");
     if (p.weights.dim() != 2 || p.weights.size(0) != T || p.weights.size(1) != T) {
-      throw std::runtime_error("[viz] attention panel " + name + " has shape " + c10::str(p.weights.sizes()) +
-                               "; expected [" + std::to_string(T) + ", " + std::to_string(T) +
-                               "] (one row and column per token label)");
+      throw std::runtime_error(fmt::format(
+          "[viz] attention panel {} has shape {}; expected [{}, {}] (one row and column per token label)", name,
+          c10::str(p.weights.sizes()), T, T));
     }
     if (!seen.insert({p.layer, p.head}).second) {
       throw std::runtime_error("[viz] attention panel " + name + " appears twice");
@@ -210,7 +212,7 @@ Figure draw_attention(const std::vector<AttentionPanel>& panels, const std::vect
     const PixelRect r{bx + left_w, by + panel_title_h, side, side};
     if (layout != nullptr) layout->heatmaps[k] = r;
 
-    const std::string panel_title = "layer " + std::to_string(panel.layer) + " head " + std::to_string(panel.head);
+    const std::string panel_title = fmt::format("layer {} head {}", panel.layer, panel.head);
     fig.text(r.x + side / 2.0, by + panel_title_h / 2.0 - 2, panel_title, panel_title_style, Anchor::Middle);
     fig.raster(r.x, r.y, side, side, heatmap_pixels(panel.weights, side, T));
     fig.stroke_rect(r.x - 1, r.y - 1, side + 2, side + 2, kFrame);

@@ -1,9 +1,10 @@
 // Tick placement for the loss plot axes and the attention colour bar and position axes.
 #include "viz/axis_ticks.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 
 namespace nanogpt::viz {
@@ -11,9 +12,7 @@ namespace {
 
 std::string format_fixed(double value, int decimals) {
   if (std::abs(value) < 1e-12) value = 0;  // no "-0.00"
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", decimals, value);
-  return buf;
+  return fmt::format("{:.{}f}", value, decimals);
 }
 
 // Decimals needed to tell multiples of `step` apart.

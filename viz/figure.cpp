@@ -106,8 +106,8 @@ Image pixels_of(cairo_surface_t* image) {
 
 Figure::Figure(int width, int height, Rgb background) : width_(width), height_(height), background_(background) {
   if (width < 1 || height < 1 || width > kMaxSide || height > kMaxSide) {
-    throw std::runtime_error("[viz] figure size " + std::to_string(width) + "x" + std::to_string(height) +
-                             " is outside 1.." + std::to_string(kMaxSide) + " pixels per side");
+    throw std::runtime_error(
+        fmt::format("[viz] figure size {}x{} is outside 1..{} pixels per side", width, height, kMaxSide));
   }
   const cairo_rectangle_t extents{0, 0, static_cast<double>(width), static_cast<double>(height)};
   recording_ = cairo_recording_surface_create(CAIRO_CONTENT_COLOR, &extents);
@@ -187,8 +187,7 @@ void Figure::fill_circle(double cx, double cy, double radius, Rgb color) {
 
 void Figure::raster(int x, int y, int w, int h, const std::vector<std::optional<Rgb>>& pixels) {
   if (w < 1 || h < 1 || pixels.size() != static_cast<size_t>(w) * h) {
-    throw std::invalid_argument("[viz] raster of " + std::to_string(w) + "x" + std::to_string(h) + " got " +
-                                std::to_string(pixels.size()) + " pixels");
+    throw std::invalid_argument(fmt::format("[viz] raster of {}x{} got {} pixels", w, h, pixels.size()));
   }
   Surface image(cairo_image_surface_create(CAIRO_FORMAT_ARGB32, w, h));
   check_surface(image.get(), "raster");

@@ -4,9 +4,10 @@
 // tick labels on the left; x tick labels and the axis title under the last panel.
 #include "viz/loss_plot.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <limits>
 #include <stdexcept>
@@ -93,11 +94,7 @@ std::vector<std::pair<double, double>> smoothed(const std::vector<std::pair<doub
   return out;
 }
 
-std::string format_loss(double loss) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.4f", loss);
-  return buf;
-}
+std::string format_loss(double loss) { return fmt::format("{:.4f}", loss); }
 
 // "iter 5000 | val 1.4921 (best 1.4732 @ 4500) | train_eval 1.2331"
 std::string summary_line(const io::Metrics& metrics) {
@@ -105,14 +102,14 @@ std::string summary_line(const io::Metrics& metrics) {
   for (const auto* series : {&metrics.train, &metrics.val, &metrics.train_eval}) {
     if (!series->empty()) last_iter = std::max(last_iter, series->back().iter);
   }
-  std::string line = "iter " + std::to_string(last_iter);
+  std::string line = fmt::format("iter {}", last_iter);
   if (!metrics.val.empty()) {
     line += " | val " + format_loss(metrics.val.back().loss);
     const io::MetricPoint* best = nullptr;
     for (const io::MetricPoint& p : metrics.val) {
       if (std::isfinite(p.loss) && (best == nullptr || p.loss < best->loss)) best = &p;
     }
-    if (best != nullptr) line += " (best " + format_loss(best->loss) + " @ " + std::to_string(best->iter) + ")";
+    if (best != nullptr) line += fmt::format(" (best {} @ {})", format_loss(best->loss), best->iter);
   }
   if (!metrics.train_eval.empty()) line += " | train_eval " + format_loss(metrics.train_eval.back().loss);
   if (metrics.val.empty() && metrics.train_eval.empty() && !metrics.train.empty()) {
@@ -138,9 +135,7 @@ double y_unit(double y_hi) {
 std::string unit_suffix(double unit) {
   if (unit == 1) return "";
   if (unit == 1000) return " (thousands)";
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), " (\u00d71e%d)", static_cast<int>(std::lround(std::log10(unit))));
-  return buf;
+  return fmt::format(" (\u00d71e{})", static_cast<int>(std::lround(std::log10(unit))));
 }
 
 // One panel in the plot area [px0, px1] x [py0, py1], on the shared iteration range.
@@ -230,9 +225,9 @@ Figure draw_loss_curves(const io::Metrics& metrics) {
   const auto val = finite_points(metrics.val, &io::MetricPoint::loss);
   if (!val.empty()) loss.series.push_back({"val", val, kVal, 2.0, true});
   if (loss.series.empty()) {
-    throw std::runtime_error("[viz] the metrics have no finite losses to plot yet (" +
-                             std::to_string(metrics.train.size() + metrics.val.size() + metrics.train_eval.size()) +
-                             " rows, all NaN/inf or none)");
+    throw std::runtime_error(fmt::format(
+        "[viz] the metrics have no finite losses to plot yet ({} rows, all NaN/inf or none)",
+        metrics.train.size() + metrics.val.size() + metrics.train_eval.size()));
   }
   std::vector<Panel> panels{loss};
   const auto lr = finite_points(metrics.train, &io::MetricPoint::lr);
