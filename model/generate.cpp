@@ -34,11 +34,15 @@ class SamplingMode {
 
 // The logits of the next token of each row of `seq` (B, total) from the last block_size tokens,
 // through the KV cache: one new position on top of the cache while that is what a recompute
-// would see (within block_size; past it with RoPE's sliding window), else a prefill of the window.
+// would see (within block_size; past it with RoPE's sliding window unless `exact_window`), else a
+// prefill of the window.
 class ContextRunner {
  public:
-  ContextRunner(GPT& model, bool sliding)
-      : model_(model), cache_(model->make_cache()), block_(model->config().block_size), sliding_(sliding) {}
+  ContextRunner(GPT& model, bool exact_window)
+      : model_(model),
+        cache_(model->make_cache()),
+        block_(model->config().block_size),
+        sliding_(!exact_window && model->config().pos_encoding == "rope") {}
 
   torch::Tensor next_logits(const torch::Tensor& seq, int64_t step) {
     const int64_t total = seq.size(1);
@@ -150,14 +154,13 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t
   c10::InferenceMode inference;
   SamplingMode sampling(model);
   const auto device = model->parameters().front().device();
-  const bool sliding = !options.exact_window && model->config().pos_encoding == "rope";
   const int64_t P = static_cast<int64_t>(prompt.size());
   auto seq = torch::empty({batch, P + max_new_tokens}, torch::kLong);  // (B, P + N) on the CPU
   for (int64_t b = 0; b < batch; ++b)
     std::copy(prompt.begin(), prompt.end(), seq[b].data_ptr<int64_t>());
   auto on_device = seq.to(device);  // mirrors `seq`; new tokens are written into both
 
-  ContextRunner runner(model, sliding);
+  ContextRunner runner(model, options.exact_window);
   std::vector<int64_t> new_tokens(batch);
   int64_t total = P;
   for (int64_t step = 0; step < max_new_tokens; ++step, ++total) {
@@ -183,7 +186,6 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t
   return out;
 }
 
-
 std::vector<Beam> beam_search(GPT& model, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
                               const BeamOptions& options, const std::function<bool(const std::vector<int64_t>&)>& finished) {
   if (prompt.empty()) throw std::invalid_argument("[sample] the prompt must hold at least one token");
@@ -191,7 +193,7 @@ std::vector<Beam> beam_search(GPT& model, const std::vector<int64_t>& prompt, in
   c10::InferenceMode inference;
   SamplingMode sampling(model);
   const auto device = model->parameters().front().device();
-  ContextRunner runner(model, !options.exact_window && model->config().pos_encoding == "rope");
+  ContextRunner runner(model, options.exact_window);
   std::vector<Beam> active{Beam{prompt, 0.0, 0}}, done;
   for (int64_t step = 0; step < max_new_tokens && !active.empty(); ++step) {
     const int64_t K = static_cast<int64_t>(active.size()), total = static_cast<int64_t>(active[0].tokens.size());
