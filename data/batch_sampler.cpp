@@ -47,6 +47,11 @@ std::pair<torch::Tensor, torch::Tensor> BatchSampler::next(torch::Device device)
   return gather(starts, device);
 }
 
+void BatchSampler::skip(int64_t batches) {
+  const auto num_starts = static_cast<uint64_t>(num_tokens() - block_size_);
+  for (int64_t i = 0; i < batches * batch_size_; ++i) uniform_below(rng_, num_starts);
+}
+
 std::pair<torch::Tensor, torch::Tensor> BatchSampler::sequential(int64_t index, torch::Device device) const {
   if (index < 0) throw std::runtime_error(fmt::format("[data] sequential batch index {} is negative", index));
   const auto num_starts = static_cast<unsigned __int128>(num_tokens() - block_size_);

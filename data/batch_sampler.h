@@ -22,6 +22,10 @@ class BatchSampler {
   /// x: (B, T) int64, y: (B, T) int64 = x shifted left by one. Placed on `device`.
   std::pair<torch::Tensor, torch::Tensor> next(torch::Device device = torch::kCPU);
 
+  /// Draws `batches` batches' windows and drops them (the generator moves exactly as next() would
+  /// move it): data-parallel ranks share one stream of micro-batches and each skips the others'.
+  void skip(int64_t batches);
+
   /// Deterministic sequential batch number `index`: windows start at
   /// (index * B + b) * T wrapped into range; no generator state is touched.
   std::pair<torch::Tensor, torch::Tensor> sequential(int64_t index, torch::Device device = torch::kCPU) const;

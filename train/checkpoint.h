@@ -36,6 +36,7 @@ struct CheckpointMeta {
   bool eval_done = false;            // the evaluation at `iter` already ran (resume skips it)
   double loss_scale = 1.0;           // float16: the GradScaler's scale (train/grad_scaler.h); 1 otherwise
   int64_t loss_scale_growth = 0;     // float16: good steps in a row since the scale last changed
+  int64_t world_size = 1;            // processes that trained it (torchrun); any number can resume it
 };
 
 /// A model ready for inference, loaded from a checkpoint.

@@ -63,6 +63,7 @@ const std::array kKeys = {
     KEY(lr_decay_iters, nullptr), KEY(min_lr, nullptr), KEY(decay_frac, nullptr),
     KEY(device, "system"), KEY(dtype, nullptr), KEY(seed, nullptr), KEY(num_threads, nullptr),
     KEY(compile, nullptr), KEY(plot, nullptr),
+    KEY(backend, "data parallel (torchrun)"), KEY(ddp_timeout, nullptr), KEY(ddp_bucket_mb, nullptr),
 };
 #undef MODEL_KEY
 #undef KEY
@@ -391,7 +392,12 @@ void TrainConfig::validate() const {
         "must be auto, float32, bfloat16 or float16 (auto: bfloat16 where the device has fast bf16, else "
         "float16 with dynamic loss scaling on a GPU, float32 on a CPU)");
   check(seed >= 0, "seed", i(seed), "must be >= 0");
-  check(num_threads >= 0, "num_threads", i(num_threads), "must be >= 0 (0 = all cores)");
+  check(num_threads >= 0, "num_threads", i(num_threads), "must be >= 0 (0 = all cores; under torchrun, cores / processes per machine)");
+  check(in(backend, {"auto", "gloo", "nccl"}), "backend", backend, "must be auto, gloo or nccl (auto: gloo on a CPU, nccl on CUDA)");
+  check(backend != "nccl" || device.rfind("cuda", 0) == 0 || device == "auto", "backend", backend,
+        "needs a CUDA device (use backend: gloo or auto with device: cpu)");
+  check(ddp_timeout >= 1, "ddp_timeout", i(ddp_timeout), "must be >= 1 second, e.g. 60");
+  check(ddp_bucket_mb >= 0, "ddp_bucket_mb", d(ddp_bucket_mb), "must be >= 0 (0: one all-reduce after the backward pass)");
 }
 
 model::ModelConfig TrainConfig::default_model() {

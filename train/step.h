@@ -13,6 +13,10 @@
 #include "train/grad_scaler.h"
 
 namespace nanogpt::train {
+class GradientAllReduce;
+}
+
+namespace nanogpt::train {
 
 struct StepOptions {
   int64_t gradient_accumulation_steps = 1;
@@ -20,10 +24,14 @@ struct StepOptions {
   torch::ScalarType autocast_dtype = torch::kFloat;  // kBFloat16 / kHalf: autocast; kFloat: off
   torch::Device device = torch::kCPU;
   GradScaler* scaler = nullptr;  // float16: dynamic loss scaling; a step with inf/NaN gradients is skipped
+  // Data parallel: this process runs gradient_accumulation_steps of the step's world_size times as
+  // many micro-batches, and `all_reduce` sums the gradients over the processes before clipping.
+  int64_t world_size = 1;
+  GradientAllReduce* all_reduce = nullptr;
 };
 
 /// Runs one step at learning rate `lr`, drawing each micro-batch (x, y) from `next_batch`.
-/// Returns the sum of the micro-batch losses as a 0-d tensor (no host sync).
+/// Returns the sum of this process's micro-batch losses as a 0-d tensor (no host sync).
 torch::Tensor train_step(model::GPT& model, FlatAdamW& optimizer,
                          const std::function<std::pair<torch::Tensor, torch::Tensor>()>& next_batch, double lr,
                          const StepOptions& options);

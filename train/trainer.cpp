@@ -4,10 +4,13 @@
 #include <fmt/format.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <optional>
 #include <filesystem>
 #include <mutex>
 #include <stdexcept>
@@ -47,12 +50,36 @@ void set_rng_state(torch::Device device, const torch::Tensor& state) {
   gen.set_state(state);
 }
 
+// FNV-1a over bytes: a cheap fingerprint of the data every rank must share.
+uint64_t fnv1a(const void* data, size_t bytes) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   config_.validate();
-  runtime::set_threads(config_.num_threads);
+  launch_ = LaunchEnv::from_environment();
+  rank_ = launch_.rank;
+  world_ = launch_.world_size;
+  if (config_.gradient_accumulation_steps % world_ != 0)
+    throw std::runtime_error(fmt::format(
+        "[ddp] gradient_accumulation_steps ({}) must be divisible by the number of processes ({}): each process "
+        "runs an equal share of a step's micro-batches (e.g. --gradient_accumulation_steps={})",
+        config_.gradient_accumulation_steps, world_, world_ * std::max<int64_t>(1, config_.gradient_accumulation_steps / world_)));
+  local_micro_steps_ = config_.gradient_accumulation_steps / world_;
+  // Threads: all cores alone; under torchrun, the machine's cores shared by its processes.
+  int64_t threads = config_.num_threads;
+  if (threads == 0 && launch_.launched)
+    threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / launch_.local_world_size);
+  runtime::set_threads(threads);
   device_ = runtime::resolve_device(config_.device);
+  if (launch_.launched && device_.is_cuda() && !device_.has_index())  // one GPU per process
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch_.local_rank));
+  if (device_.is_cuda()) c10::impl::VirtualGuardImpl(device_.type()).setDevice(device_);  // NCCL's current GPU
   config_.dtype = runtime::resolve_dtype(config_.dtype, device_);
   amp_dtype_ = config_.autocast_dtype();
   scaler_ = std::make_unique<GradScaler>(device_, amp_dtype_ == torch::kHalf);
@@ -73,9 +100,15 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     config_.set_architecture(resume_meta.model_config);  // the checkpoint decides the architecture
     config_.validate();
   }
-  log_ = make_logger(config_.out_dir + "/train.log", quiet);
+  // Only rank 0 speaks and writes; another rank's errors still reach stderr (cli/main.cpp).
+  log_ = is_main() ? make_logger(config_.out_dir + "/train.log", quiet) : make_logger("", true);
+  if (launch_.launched) {
+    group_ = std::make_unique<ProcessGroup>(launch_, device_, config_.backend, std::chrono::seconds(config_.ddp_timeout));
+    group_->check_same("config", to_yaml(config_), "start every rank with the same config file and --key=value overrides");
+  }
   // An evaluation leaves the training record alone: config.yaml describes the run that trained.
-  if (!config_.eval_only) io::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
+  if (!config_.eval_only && is_main())
+    io::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
 
   // Data: prepared on demand from dataset/input.txt.
   data::PrepareOptions prep;
@@ -86,7 +119,11 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (!std::filesystem::exists(prep.input))
     throw std::runtime_error("[train] dataset '" + config_.dataset + "' has no input.txt (set dataset: to a folder holding input.txt)");
   bool prepared = false;
+  // Rank 0 prepares the tokens while the others wait; they then find them (a shared folder) or
+  // prepare their machine's own copy.
+  if (group_ && !is_main()) group_->barrier("the wait for rank 0 to prepare the data");
   auto meta = data::ensure_prepared(prep, &prepared);
+  if (group_ && is_main()) group_->barrier("the wait for rank 0 to prepare the data");
   if (prepared) log_->info("{} (prepared from {}/input.txt)", data::summary_line(meta), config_.dataset);
   vocab_ = meta.vocab;
   if (resume && !(resume_meta.vocab == vocab_))
@@ -96,6 +133,14 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
         resume_meta.vocab.size(), config_.dataset, vocab_.size()));
   train_tokens_ = data::read_token_file(config_.dataset + "/train.bin", vocab_.size());
   val_tokens_ = data::read_token_file(config_.dataset + "/val.bin", vocab_.size());
+  if (group_)
+    group_->check_same("dataset",
+                       fmt::format("vocab {} characters, checksum {:016x}\ntrain {} tokens, checksum {:016x}\nval {} tokens, "
+                                   "checksum {:016x}",
+                                   vocab_.size(), fnv1a(vocab_.serialize().data(), vocab_.serialize().size()),
+                                   train_tokens_.numel(), fnv1a(train_tokens_.data_ptr(), train_tokens_.nbytes()),
+                                   val_tokens_.numel(), fnv1a(val_tokens_.data_ptr(), val_tokens_.nbytes())),
+                       "every rank must read the same input.txt: copy the dataset folder to every machine");
   sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.model.block_size, config_.seed);
   // The val split only needs one window; check it now rather than at the first evaluation.
   data::BatchSampler(val_tokens_, 1, config_.model.block_size, 0);
@@ -126,7 +171,52 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     resumed_eval_done_ = state.eval_done;
     if (scaler_->enabled()) scaler_->restore(state.loss_scale, state.loss_scale_growth);
     log_->info("[ckpt] resumed from {} at iter {} (best val {:.4f})", last_path, iter_, best_val_loss_);
+    if (state.world_size != world_)
+      log_->info("[ddp] the checkpoint was written by {} process{}, resuming with {}: the same {} micro-batches per "
+                 "step, {} per process, so the run goes on as it would have",
+                 state.world_size, state.world_size > 1 ? "es" : "", world_, config_.gradient_accumulation_steps,
+                 local_micro_steps_);
   }
+  if (group_) {
+    const auto bucket_bytes = static_cast<int64_t>(config_.ddp_bucket_mb * 1024 * 1024);
+    std::vector<torch::Tensor> params;
+    for (const auto& p : model_->parameters()) params.push_back(p);
+    grad_reduce_ = std::make_unique<GradientAllReduce>(*group_, optimizer_->flat_grads(), params, bucket_bytes);
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> Trainer::next_micro_batch() {
+  // One stream of micro-batches for the whole step, as one process would draw them; rank r runs
+  // micro-batches [r L, (r+1) L) of it (L = local_micro_steps_) and skips the rest.
+  if (micro_ == 0) sampler_->skip(rank_ * local_micro_steps_);
+  const int64_t global_micro = rank_ * local_micro_steps_ + micro_;
+  // Dropout's masks follow (seed, iteration, micro-batch): the same on any number of processes,
+  // and after a resume, whatever ran before.
+  {
+    auto gen = default_generator(device_);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(static_cast<uint64_t>(config_.seed) * 0x9e3779b97f4a7c15ULL ^
+                         (static_cast<uint64_t>(iter_) << 20) ^ static_cast<uint64_t>(global_micro));
+  }
+  auto batch = sampler_->next(device_);
+  if (++micro_ == local_micro_steps_) {
+    sampler_->skip((world_ - 1 - rank_) * local_micro_steps_);
+    micro_ = 0;
+  }
+  return batch;
+}
+
+std::pair<double, int> Trainer::reduce_step(const torch::Tensor& loss_sum) {
+  const int local_signal = StopSignals::received();
+  if (!group_) return {loss_sum.item<double>(), local_signal};
+  // One small all-reduce: [loss sum, ranks that saw SIGINT, ranks that saw SIGTERM].
+  auto pack = torch::stack({loss_sum.to(torch::kFloat).reshape({}),
+                            torch::tensor(local_signal == SIGINT ? 1.0f : 0.0f).to(device_),
+                            torch::tensor(local_signal == SIGTERM ? 1.0f : 0.0f).to(device_)});
+  group_->all_reduce_sum({pack}, fmt::format("the loss all-reduce at iter {}", iter_).c_str());
+  const auto host = pack.cpu();
+  const float* v = host.data_ptr<float>();
+  return {v[0], v[1] > 0 ? SIGINT : v[2] > 0 ? SIGTERM : 0};
 }
 
 void Trainer::log_start() {
@@ -148,10 +238,15 @@ double Trainer::estimate_loss(const std::string& split) {
                                   static_cast<uint64_t>(config_.seed) ^ salt ^ static_cast<uint64_t>(iter_));
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().device(device_));
   for (int64_t k = 0; k < config_.eval_iters; ++k) {
+    if (k % world_ != rank_) {  // another rank's batch
+      eval_sampler.skip(1);
+      continue;
+    }
     auto [x, y] = eval_sampler.next(device_);
     runtime::AutocastGuard autocast(device_, amp_dtype_, amp_dtype_ != torch::kFloat);
-    sum += model_->forward(x, y).second;
+    sum += model_->forward(x, y).second.to(torch::kFloat);
   }
+  if (group_) group_->all_reduce_sum({sum}, fmt::format("the evaluation at iter {}", iter_).c_str());
   model_->train();
   return sum.item<double>() / static_cast<double>(config_.eval_iters);
 }
@@ -175,6 +270,7 @@ void Trainer::save(const std::string& path, bool eval_done) {
   meta.eval_done = eval_done;
   meta.loss_scale = scaler_->current_scale();
   meta.loss_scale_growth = scaler_->growth_tracker();
+  meta.world_size = world_;
   save_checkpoint(path, model_, *optimizer_, meta);
   log_->info("[ckpt] saved {} (iter {})", path, iter_);
 }
@@ -213,8 +309,13 @@ TrainResult Trainer::run_loop() {
   StopSignals signals;
   const std::string metrics_path = config_.out_dir + "/metrics.csv";
   const bool resumed = config_.init_from == "resume";
-  io::MetricsLog metrics(metrics_path, resumed ? iter_ : -1, resumed_eval_done_);
+  std::optional<io::MetricsLog> metrics;  // rank 0's
+  if (is_main()) metrics.emplace(metrics_path, resumed ? iter_ : -1, resumed_eval_done_);
   log_start();
+  if (group_)
+    log_->info("[ddp] {} processes ({}), {} of the {} micro-batches per step each; gradients in {} all-reduce bucket{}",
+               world_, group_->backend_name(), local_micro_steps_, config_.gradient_accumulation_steps,
+               grad_reduce_->num_buckets(), grad_reduce_->num_buckets() > 1 ? "s" : "");
   peak_flops_ = runtime::measure_peak_flops(device_, amp_dtype_);
   log_->info("[train] MFU is against a measured {} GEMM peak of {:.0f} GFLOP/s", config_.dtype, peak_flops_ / 1e9);
 
@@ -224,7 +325,9 @@ TrainResult Trainer::run_loop() {
   std::vector<double> step_ms;
   bool skip_eval = resumed_eval_done_;
   StepOptions step_options;
-  step_options.gradient_accumulation_steps = config_.gradient_accumulation_steps;
+  step_options.gradient_accumulation_steps = local_micro_steps_;
+  step_options.world_size = world_;
+  step_options.all_reduce = grad_reduce_.get();
   step_options.grad_clip = config_.grad_clip;
   step_options.autocast_dtype = amp_dtype_;
   step_options.scaler = scaler_->enabled() ? scaler_.get() : nullptr;
@@ -239,14 +342,16 @@ TrainResult Trainer::run_loop() {
       const auto [train_loss, val_loss] = evaluate();
       last_val = val_loss;
       const double lr = schedule_.at(iter_);
-      metrics.row(iter_, "train_eval", train_loss, lr, 0, 0);
-      metrics.row(iter_, "val", val_loss, lr, 0, 0);
+      if (metrics) {
+        metrics->row(iter_, "train_eval", train_loss, lr, 0, 0);
+        metrics->row(iter_, "val", val_loss, lr, 0, 0);
+      }
       if (!std::isfinite(val_loss) || !std::isfinite(train_loss))
         throw std::runtime_error(fmt::format(
             "[train] evaluation loss is not finite at iter {}: stopping; the last good checkpoint is untouched (try a "
             "lower learning_rate)",
             iter_));
-      if (config_.plot) {
+      if (config_.plot && is_main()) {
         try {
           viz::plot_loss_curves(metrics_path, config_.out_dir + "/loss.png");
         } catch (const std::exception& e) {
@@ -255,7 +360,7 @@ TrainResult Trainer::run_loop() {
       }
       const bool improved = val_loss < best_val_loss_;
       best_val_loss_ = std::min(best_val_loss_, val_loss);
-      if (iter_ > 0) {
+      if (iter_ > 0 && is_main()) {
         save(config_.out_dir + "/" + kLastCheckpoint, true);
         if (improved || config_.always_save_checkpoint) save(config_.out_dir + "/" + kBestCheckpoint, true);
       }
@@ -265,12 +370,17 @@ TrainResult Trainer::run_loop() {
 
     const auto t0 = Clock::now();
     const double lr = schedule_.at(iter_);
-    auto loss_sum = train_step(model_, *optimizer_, [this] { return sampler_->next(device_); }, lr, step_options);
+    auto loss_sum = train_step(model_, *optimizer_, [this] { return next_micro_batch(); }, lr, step_options);
 
     const bool log_now = iter_ % config_.log_interval == 0;
     double loss_value = 0;
-    if (log_now || !device_.is_cuda()) {  // on CPU reading the loss costs nothing: check every step
-      loss_value = loss_sum.item<double>() / static_cast<double>(config_.gradient_accumulation_steps);
+    int stop_signal = 0;
+    // On CPU reading the loss costs nothing: check every step. With several processes the loss and
+    // the stop signal are summed over them every step (one small all-reduce).
+    if (log_now || !device_.is_cuda() || group_) {
+      double total = 0;
+      std::tie(total, stop_signal) = reduce_step(loss_sum);
+      loss_value = total / static_cast<double>(config_.gradient_accumulation_steps);
       if (!std::isfinite(loss_value))
         throw std::runtime_error(fmt::format(  // {:f}: six decimals, the message's text before fmt
             "[train] loss is not finite at iter {} (lr {:f}): stopping; the last good checkpoint '{}/{}' is untouched "
@@ -281,17 +391,18 @@ TrainResult Trainer::run_loop() {
     step_ms.push_back(ms);
     if (log_now) {
       const double tps = tokens_per_iter / (ms / 1000.0);
-      const double mfu = flops_per_iter / (ms / 1000.0) / peak_flops_;
+      const double mfu = flops_per_iter / static_cast<double>(world_) / (ms / 1000.0) / peak_flops_;  // per process
       log_step(*log_, {iter_, config_.max_iters, loss_value, lr, ms, tps, mfu, ms_since(run_start) / 1000.0,
                        static_cast<int64_t>(step_ms.size())});
-      metrics.row(iter_, "train", loss_value, lr, ms, tps);
+      if (metrics) metrics->row(iter_, "train", loss_value, lr, ms, tps);
     }
     ++iter_;
     if (step_hook_) step_hook_(iter_);
 
-    if (const int sig = StopSignals::received()) {
+    if (!group_ && stop_signal == 0) stop_signal = StopSignals::received();  // CUDA steps that did not read the loss
+    if (const int sig = stop_signal) {
       log_->info("[train] signal {} received: saving and stopping at iter {}", sig, iter_);
-      save(config_.out_dir + "/" + kLastCheckpoint, false);
+      if (is_main()) save(config_.out_dir + "/" + kLastCheckpoint, false);
       result.exit_code = 128 + sig;
       break;
     }

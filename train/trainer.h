@@ -18,6 +18,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/distributed.h"
 #include "train/grad_scaler.h"
 #include "train/lr_schedule.h"
 
@@ -60,6 +61,13 @@ class Trainer {
   std::string out_of_memory_message() const;
   void save(const std::string& path, bool eval_done);
   void log_start();
+  bool is_main() const { return rank_ == 0; }  // rank 0 logs and writes; the others only compute
+  /// This process's next micro-batch of the step (data parallel: skips the other ranks' ones), with
+  /// the dropout generator seeded for it, so a micro-batch is the same whichever rank runs it.
+  std::pair<torch::Tensor, torch::Tensor> next_micro_batch();
+  /// Sums the step's loss over the ranks, and agrees on a stop signal (0 = none): a signal seen by any
+  /// rank stops every rank after the same step.
+  std::pair<double, int> reduce_step(const torch::Tensor& loss_sum);
 
   TrainConfig config_;
   torch::Device device_{torch::kCPU};
@@ -77,6 +85,13 @@ class Trainer {
   bool resumed_eval_done_ = false;
   double peak_flops_ = 0;
   std::function<void(int64_t)> step_hook_;
+  // data parallel (torchrun): rank 0 of 1 when launched alone
+  LaunchEnv launch_;
+  int64_t rank_ = 0, world_ = 1;
+  int64_t local_micro_steps_ = 1;  // gradient_accumulation_steps / world size
+  int64_t micro_ = 0;              // this process's micro-batches drawn in the current step
+  std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<GradientAllReduce> grad_reduce_;
 };
 
 }  // namespace nanogpt::train
