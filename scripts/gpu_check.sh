@@ -75,10 +75,19 @@ for compile in False True; do
      --compile=$compile --out_dir="$work/nano_$compile" "${common[@]}" >"$work/nano_$compile.log" 2>&1) ||
     tail -5 "$work/nano_$compile.log"
 done
+# The NCCL path (issue 13): torchrun with one process per GPU (at least one), same preset.
+ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count())')
+torchrun=$(dirname "$(command -v "$py")")/torchrun
+echo "[gpu] data parallel: torchrun, $ngpu process(es), NCCL"
+"$torchrun" --no-python --standalone --nproc_per_node="$ngpu" build-cuda/nanogpt train configs/shakespeare_char.yaml \
+  --device=cuda --dtype=bfloat16 --out_dir="$work/ours_ddp" --gradient_accumulation_steps="$ngpu" "${common[@]}" \
+  >"$work/ours_ddp.log" 2>&1 || tail -5 "$work/ours_ddp.log"
+grep -m1 "\[ddp\]" "$work/ours_ddp.log" || true
 echo
 printf '%-34s %10s            %s\n' "run" "median" "val @ $iters"
 summarize "nanogpt-cpp bf16" "$work/ours.log" ours
 summarize "nanogpt-cpp float16 (loss scaling)" "$work/ours16.log" ours
+summarize "nanogpt-cpp bf16, torchrun + NCCL" "$work/ours_ddp.log" ours
 summarize "nanoGPT bf16 --compile=False" "$work/nano_False.log" nanogpt
 summarize "nanoGPT bf16 --compile=True" "$work/nano_True.log" nanogpt
 rm -rf "$work"

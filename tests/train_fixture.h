@@ -72,9 +72,13 @@ inline train::TrainConfig tiny_config(const std::string& dir, size_t chars = 200
   return c;
 }
 
-/// (iter, loss) text of every `train` row of a metrics.csv, in order.
-inline std::vector<std::string> train_losses(const std::string& metrics_csv) {
-  std::vector<std::string> rows;
+/// Every row of a metrics.csv as (iter, split, loss text), in order.
+struct MetricsRow {
+  int64_t iter;
+  std::string split, loss;
+};
+inline std::vector<MetricsRow> metrics_rows(const std::string& metrics_csv) {
+  std::vector<MetricsRow> rows;
   std::istringstream in(read_text(metrics_csv));
   std::string line;
   std::getline(in, line);
@@ -85,8 +89,17 @@ inline std::vector<std::string> train_losses(const std::string& metrics_csv) {
     std::getline(f, iter, ',');
     std::getline(f, split, ',');
     std::getline(f, loss, ',');
-    if (split == "train") rows.push_back(iter + ":" + loss);
+    if (iter.empty()) continue;
+    rows.push_back({std::stoll(iter), split, loss});
   }
+  return rows;
+}
+
+/// (iter, loss) text of every `train` row of a metrics.csv, in order.
+inline std::vector<std::string> train_losses(const std::string& metrics_csv) {
+  std::vector<std::string> rows;
+  for (const auto& r : metrics_rows(metrics_csv))
+    if (r.split == "train") rows.push_back(std::to_string(r.iter) + ":" + r.loss);
   return rows;
 }
 

@@ -45,15 +45,15 @@ int64_t env_integer(const char* name, int64_t min_value) {
   return value;
 }
 
-std::string first_difference(const std::string& a, const std::string& b) {
-  std::istringstream sa(a), sb(b);
-  std::string la, lb;
+// The first line where `other` differs from `reference`: "rank 1 has 'x: 2' where rank 0 has 'x: 1'".
+std::string first_difference(int64_t rank, const std::string& other, const std::string& reference) {
+  std::istringstream so(other), sr(reference);
+  std::string lo, lr;
   for (;;) {
-    const bool ga = static_cast<bool>(std::getline(sa, la)), gb = static_cast<bool>(std::getline(sb, lb));
-    if (!ga && !gb) return "";
-    if (!ga) la = "(nothing)";
-    if (!gb) lb = "(nothing)";
-    if (la != lb || !ga || !gb) return fmt::format("'{}' vs '{}'", lb, la);
+    const bool go = static_cast<bool>(std::getline(so, lo)), gr = static_cast<bool>(std::getline(sr, lr));
+    if (!go && !gr) return "";
+    if (!go || !gr || lo != lr)
+      return fmt::format("rank {} has '{}' where rank 0 has '{}'", rank, go ? lo : "(nothing)", gr ? lr : "(nothing)");
   }
 }
 
@@ -232,7 +232,7 @@ void ProcessGroup::check_same(const std::string& what, const std::string& value,
     if (differing.empty()) return;
     const auto& [r, other] = *differing.begin();
     throw DistributedError(fmt::format("[ddp] rank {} was started with a different {} than rank 0: {} ({})", r, what,
-                                       first_difference(other, reference), hint));
+                                       first_difference(r, other, reference), hint));
   } catch (const DistributedError&) {
     throw;
   } catch (const std::exception& e) {

@@ -71,7 +71,7 @@ class ProcessGroup {
 
   /// Every rank offers its `value` of `what` (a config's YAML, a data checksum); when one differs
   /// from rank 0's, every rank throws "[ddp] rank N was started with a different <what> than rank 0:
-  /// <first differing line> vs <...> (<hint>)".
+  /// rank N has '<line>' where rank 0 has '<line>' (<hint>)" (the first line that differs).
   void check_same(const std::string& what, const std::string& value, const std::string& hint);
 
  private:

@@ -6,10 +6,12 @@
 namespace nanogpt::train {
 namespace {
 volatile std::sig_atomic_t g_received = 0;
+volatile std::sig_atomic_t g_repeat_kills = 1;
 struct sigaction g_old_int, g_old_term;
 
 extern "C" void on_stop_signal(int sig) {
-  if (g_received != 0) {  // second signal: stop now
+  if (g_received != 0) {  // second signal: stop now (unless a launcher repeats the first)
+    if (!g_repeat_kills) return;
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
@@ -18,8 +20,9 @@ extern "C" void on_stop_signal(int sig) {
 }
 }  // namespace
 
-StopSignals::StopSignals() {
+StopSignals::StopSignals(bool repeat_kills) {
   g_received = 0;
+  g_repeat_kills = repeat_kills ? 1 : 0;
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);

@@ -291,6 +291,10 @@ TrainResult Trainer::run() {
     // A CUDA out-of-memory error carries the caching allocator's multi-line report: say instead
     // what to change. The checkpoints on disk are untouched.
     if (runtime::is_out_of_memory(e)) throw std::runtime_error(out_of_memory_message());
+    if (dynamic_cast<const DistributedError*>(&e))
+      throw DistributedError(fmt::format("{}; at iter {}, the last checkpoint '{}/{}' is intact: start again "
+                                         "with --init_from=resume",
+                                         e.what(), iter_, config_.out_dir, kLastCheckpoint));
     throw;
   }
 }
@@ -306,7 +310,7 @@ TrainResult Trainer::run_loop() {
     result.last_val_loss = evaluate().second;
     return result;
   }
-  StopSignals signals;
+  StopSignals signals(/*repeat_kills=*/!launch_.launched);
   const std::string metrics_path = config_.out_dir + "/metrics.csv";
   const bool resumed = config_.init_from == "resume";
   std::optional<io::MetricsLog> metrics;  // rank 0's

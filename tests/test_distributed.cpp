@@ -1,0 +1,386 @@
+// Data-parallel training (train/distributed.h) end to end: the nanogpt program started as two CPU
+// processes (Gloo, one thread each) with torchrun's variables, against one process doing the same
+// step's micro-batches itself. Checked: equal losses iteration by iteration; rank 0 alone writes;
+// Ctrl-C saves once and resumes exactly; a checkpoint moves between 1 and 2 processes; a killed rank
+// stops the other within the timeout with one line naming it; mismatched ranks are refused.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "train/checkpoint.h"
+#include "train/distributed.h"
+#include "train_fixture.h"
+
+extern char** environ;
+
+using namespace nanogpt;
+using namespace nanogpt::testing;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A TCP port nothing listens on now (the kernel's pick for port 0).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Proc {
+  pid_t pid = -1;
+  std::string out, err;  // file paths
+};
+
+// Starts argv with the environment plus `extra` ("KEY=value"), stdout/stderr to files.
+Proc start(const std::vector<std::string>& argv, const std::vector<std::string>& extra, const std::string& stem) {
+  Proc p;
+  p.out = stem + ".out";
+  p.err = stem + ".err";
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    bool replaced = false;
+    for (const auto& x : extra) replaced |= kv.substr(0, kv.find('=') + 1) == x.substr(0, x.find('=') + 1);
+    if (!replaced) env_text.push_back(kv);
+  }
+  for (const auto& x : extra) env_text.push_back(x);
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (const auto& e : env_text) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int rc = posix_spawnp(&p.pid, args[0], &actions, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw std::runtime_error("cannot start " + argv[0]);
+  return p;
+}
+
+// Exit status (128 + N for signal N), or -1 after `timeout` (the process is then killed).
+int wait_for(const Proc& p, std::chrono::seconds timeout = std::chrono::seconds(120)) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(p.pid, &status, WNOHANG);
+    if (r == p.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (Clock::now() > deadline) {
+      ::kill(p.pid, SIGKILL);
+      ::waitpid(p.pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// The tiny run of the training tests, as a YAML file: 2 micro-batches per step, dropout 0.1.
+std::string write_config(const std::string& dir, int64_t max_iters) {
+  auto c = tiny_config(dir);
+  c.gradient_accumulation_steps = 2;
+  c.max_iters = max_iters;
+  c.lr_decay_iters = max_iters;
+  const std::string path = dir + "/tiny.yaml";
+  std::ofstream(path) << train::to_yaml(c);
+  return path;
+}
+
+std::vector<std::string> train_args(const std::string& config, const std::string& out_dir,
+                                    const std::vector<std::string>& more = {}) {
+  std::vector<std::string> a{NANOGPT_BINARY, "train", config, "--out_dir=" + out_dir};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+// Two processes of `args` with torchrun's variables (ranks 0 and 1 on one machine).
+std::vector<Proc> start_pair(const std::vector<std::string>& args0, const std::vector<std::string>& args1,
+                             const std::string& stem, int port) {
+  std::vector<Proc> procs;
+  for (int r = 0; r < 2; ++r)
+    procs.push_back(start(r == 0 ? args0 : args1,
+                          {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r), "WORLD_SIZE=2",
+                           "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
+                          stem + "_rank" + std::to_string(r)));
+  return procs;
+}
+
+// (iter, split) -> loss from a metrics.csv.
+std::map<std::pair<int64_t, std::string>, double> losses(const std::string& metrics_csv) {
+  std::map<std::pair<int64_t, std::string>, double> rows;
+  for (const auto& r : metrics_rows(metrics_csv)) {
+    if (r.loss.empty() || r.split.empty()) continue;  // a row being written (wait_for_iter reads a live file)
+    rows[{r.iter, r.split}] = std::stod(r.loss);
+  }
+  return rows;
+}
+
+void expect_same_losses(const std::string& a_csv, const std::string& b_csv, double rel) {
+  const auto a = losses(a_csv), b = losses(b_csv);
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size()) << a_csv << " vs " << b_csv;
+  for (const auto& [key, loss] : a) {
+    ASSERT_TRUE(b.count(key)) << "iter " << key.first << " " << key.second;
+    EXPECT_NEAR(b.at(key), loss, rel * std::abs(loss)) << "iter " << key.first << " " << key.second;
+  }
+}
+
+// Waits until out_dir/metrics.csv has a train row at or past `iter`.
+bool wait_for_iter(const std::string& metrics_csv, int64_t iter, std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (std::filesystem::exists(metrics_csv))
+      for (const auto& [key, loss] : losses(metrics_csv))
+        if (key.second == "train" && key.first >= iter) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+class Distributed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Without Gloo's headers the build cannot start CPU process groups: one clear error, tested below.
+    if (!gloo_available()) GTEST_SKIP() << "this build has no Gloo (install libgloo-dev and rebuild)";
+  }
+  static bool gloo_available();
+};
+
+}  // namespace
+
+#include "train/distributed_backends.h"
+
+bool Distributed::gloo_available() { return train::has_gloo(); }
+
+TEST_F(Distributed, TwoProcessesLogTheLossesOfOneProcess) {
+  TempDir dir("ddp_equal");
+  const auto config = write_config(dir.path, 20);
+  auto one = start(train_args(config, dir.path + "/one"), {}, dir.path + "/one");
+  ASSERT_EQ(wait_for(one), 0) << read_text(one.err);
+  // Buckets of 8 KB: several all-reduces, started from the backward pass's hooks; 0: one per
+  // flat buffer after it. Both must give one process's numbers.
+  for (const std::string bucket : {"0.008", "0"}) {
+    const std::string out = dir.path + "/two_" + bucket;
+    const auto args = train_args(config, out, {"--ddp_bucket_mb=" + bucket});
+    auto procs = start_pair(args, args, out, free_port());
+    const int rc0 = wait_for(procs[0]), rc1 = wait_for(procs[1]);
+    ASSERT_EQ(rc0, 0) << read_text(procs[0].err);
+    ASSERT_EQ(rc1, 0) << read_text(procs[1].err);
+    expect_same_losses(dir.path + "/one/metrics.csv", out + "/metrics.csv", 1e-5);
+    // Rank 0 alone speaks and writes.
+    EXPECT_EQ(read_text(procs[1].out), "");
+    EXPECT_EQ(read_text(procs[1].err), "");
+    const std::string log0 = read_text(procs[0].out);
+    EXPECT_NE(log0.find("[ddp] 2 processes (gloo), 1 of the 2 micro-batches per step each"), std::string::npos) << log0;
+    EXPECT_EQ(count(read_text(out + "/train.log"), "[eval] iter 20 "), 1);
+    EXPECT_EQ(count(read_text(out + "/train.log"), "[ckpt] saved"), 4);  // last + best at iters 10 and 20
+  }
+}
+
+TEST_F(Distributed, CtrlCSavesOnceAndTheResumedRunMatchesAnUninterruptedOne) {
+  TempDir dir("ddp_sigint");
+  const auto config = write_config(dir.path, 120);
+  const std::string whole = dir.path + "/whole", cut = dir.path + "/cut";
+  {
+    auto procs = start_pair(train_args(config, whole), train_args(config, whole), whole, free_port());
+    ASSERT_EQ(wait_for(procs[0]), 0) << read_text(procs[0].err);
+    ASSERT_EQ(wait_for(procs[1]), 0) << read_text(procs[1].err);
+  }
+  // The interrupted run would go on much longer; Ctrl-C reaches both processes (a terminal's
+  // process group) once it has taken a few steps.
+  const auto long_run = train_args(config, cut, {"--max_iters=100000"});
+  auto procs = start_pair(long_run, long_run, cut, free_port());
+  ASSERT_TRUE(wait_for_iter(cut + "/metrics.csv", 5)) << read_text(procs[0].err);
+  ::kill(procs[0].pid, SIGINT);
+  ::kill(procs[1].pid, SIGINT);
+  EXPECT_EQ(wait_for(procs[0]), 130) << read_text(procs[0].err);
+  EXPECT_EQ(wait_for(procs[1]), 130) << read_text(procs[1].err);
+  const std::string log = read_text(cut + "/train.log");
+  ASSERT_EQ(count(log, "signal 2 received"), 1) << log;
+  const auto stopped = train::read_checkpoint_meta(cut + "/" + train::kLastCheckpoint);
+  ASSERT_LT(stopped.iter, 120) << "the run ended before Ctrl-C reached it";
+  EXPECT_EQ(stopped.world_size, 2);
+  // Resumed with 2 processes up to the uninterrupted run's end: the same losses, bit for bit.
+  const auto resume = train_args(config, cut, {"--init_from=resume"});
+  auto again = start_pair(resume, resume, cut + "_resumed", free_port());
+  ASSERT_EQ(wait_for(again[0]), 0) << read_text(again[0].err);
+  ASSERT_EQ(wait_for(again[1]), 0) << read_text(again[1].err);
+  EXPECT_EQ(train_losses(whole + "/metrics.csv"), train_losses(cut + "/metrics.csv"));
+}
+
+TEST_F(Distributed, ACheckpointMovesBetweenOneAndTwoProcesses) {
+  TempDir dir("ddp_move");
+  const auto config = write_config(dir.path, 20);
+  const std::string whole = dir.path + "/whole";
+  {
+    auto procs = start_pair(train_args(config, whole), train_args(config, whole), whole, free_port());
+    ASSERT_EQ(wait_for(procs[0]), 0) << read_text(procs[0].err);
+    ASSERT_EQ(wait_for(procs[1]), 0) << read_text(procs[1].err);
+  }
+  // 2 processes to iter 10, then 1 to the end; and 1 to iter 10, then 2.
+  for (const bool two_first : {true, false}) {
+    const std::string out = dir.path + (two_first ? "/two_then_one" : "/one_then_two");
+    const auto first = train_args(config, out, {"--max_iters=10"});
+    const auto second = train_args(config, out, {"--init_from=resume"});
+    auto run_one = [&](const std::vector<std::string>& args, const std::string& stem) {
+      auto p = start(args, {}, stem);
+      ASSERT_EQ(wait_for(p), 0) << read_text(p.err);
+    };
+    auto run_two = [&](const std::vector<std::string>& args, const std::string& stem) {
+      auto procs = start_pair(args, args, stem, free_port());
+      ASSERT_EQ(wait_for(procs[0]), 0) << read_text(procs[0].err);
+      ASSERT_EQ(wait_for(procs[1]), 0) << read_text(procs[1].err);
+    };
+    if (two_first) {
+      run_two(first, out + "_a");
+      run_one(second, out + "_b");
+    } else {
+      run_one(first, out + "_a");
+      run_two(second, out + "_b");
+    }
+    const std::string said = read_text(out + "_b" + (two_first ? "" : "_rank0") + ".out");
+    EXPECT_NE(said.find(two_first ? "[ddp] the checkpoint was written by 2 processes, resuming with 1"
+                                   : "[ddp] the checkpoint was written by 1 process, resuming with 2"),
+              std::string::npos)
+        << said;
+    expect_same_losses(whole + "/metrics.csv", out + "/metrics.csv", 1e-5);
+  }
+}
+
+TEST_F(Distributed, AKilledRankStopsTheOtherWithinTheTimeoutNamingIt) {
+  TempDir dir("ddp_kill");
+  const auto config = write_config(dir.path, 100000);
+  const std::string out = dir.path + "/out";
+  const auto args = train_args(config, out, {"--ddp_timeout=20", "--eval_interval=20"});
+  auto procs = start_pair(args, args, out, free_port());
+  ASSERT_TRUE(wait_for_iter(out + "/metrics.csv", 25)) << read_text(procs[0].err);
+  ::kill(procs[1].pid, SIGKILL);
+  const auto t0 = Clock::now();
+  const int rc = wait_for(procs[0], std::chrono::seconds(60));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(wait_for(procs[1]), 128 + SIGKILL);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(rc, -1) << "rank 0 hung";
+  EXPECT_LT(seconds, 20.0);
+  const std::string err = read_text(procs[0].err);
+  EXPECT_EQ(err.rfind("error: [ddp] rank 0: lost rank 1 ", 0), 0u) << err;
+  EXPECT_EQ(count(err, "\n"), 1) << err;
+  EXPECT_NE(err.find("--init_from=resume"), std::string::npos) << err;
+  // The last checkpoint still loads.
+  EXPECT_NO_THROW(train::load_model(out + "/" + train::kLastCheckpoint));
+}
+
+TEST_F(Distributed, RanksWithDifferentConfigsAreRefusedAtStartUp) {
+  TempDir dir("ddp_mismatch");
+  const auto config = write_config(dir.path, 20);
+  const std::string out = dir.path + "/out";
+  auto procs = start_pair(train_args(config, out), train_args(config, out, {"--learning_rate=0.002"}), out, free_port());
+  auto lr = [](double v) {  // as to_yaml writes it
+    auto c = train::TrainConfig();
+    c.learning_rate = v;
+    const auto yaml = train::to_yaml(c);
+    const auto at = yaml.find("learning_rate: ") + 15;
+    return yaml.substr(at, yaml.find('\n', at) - at);
+  };
+  const int rc0 = wait_for(procs[0], std::chrono::seconds(60)), rc1 = wait_for(procs[1], std::chrono::seconds(60));
+  EXPECT_EQ(rc0, 1);
+  EXPECT_EQ(rc1, 1);
+  for (const auto& p : procs) {
+    const std::string err = read_text(p.err);
+    EXPECT_NE(err.find("error: [ddp] rank 1 was started with a different config than rank 0: rank 1 has "
+                       "'learning_rate: " + lr(0.002) + "' where rank 0 has 'learning_rate: " + lr(0.003) + "'"),
+              std::string::npos)
+        << err;
+    EXPECT_EQ(count(err, "\n"), 1) << err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out + "/" + train::kLastCheckpoint));
+}
+
+TEST_F(Distributed, AStepShareThatDoesNotDivideIsOneClearError) {
+  TempDir dir("ddp_divide");
+  const auto config = write_config(dir.path, 20);
+  const std::string out = dir.path + "/out";
+  const auto args = train_args(config, out, {"--gradient_accumulation_steps=3"});
+  auto procs = start_pair(args, args, out, free_port());
+  for (const auto& p : procs) {
+    EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+    EXPECT_NE(read_text(p.err).find("error: [ddp] gradient_accumulation_steps (3) must be divisible by the number of "
+                                    "processes (2)"),
+              std::string::npos)
+        << read_text(p.err);
+  }
+}
+
+TEST_F(Distributed, TorchrunLaunchesIt) {
+  const std::string python = NANOGPT_PYTHON;
+  const std::string torchrun = std::filesystem::path(python).parent_path() / "torchrun";
+  if (python.empty() || !std::filesystem::exists(torchrun)) GTEST_SKIP() << "no torchrun beside " << python;
+  TempDir dir("ddp_torchrun");
+  const auto config = write_config(dir.path, 20);
+  auto one = start(train_args(config, dir.path + "/one"), {}, dir.path + "/one");
+  ASSERT_EQ(wait_for(one), 0) << read_text(one.err);
+  std::vector<std::string> args{torchrun, "--no-python", "--standalone", "--nproc_per_node=2"};
+  for (const auto& a : train_args(config, dir.path + "/two")) args.push_back(a);
+  auto run = start(args, {}, dir.path + "/torchrun");
+  ASSERT_EQ(wait_for(run), 0) << read_text(run.err);
+  expect_same_losses(dir.path + "/one/metrics.csv", dir.path + "/two/metrics.csv", 1e-5);
+}
+
+// torchrun's variables, read: none means one process; a partial or malformed set is one error.
+TEST(LaunchEnv, ReadsTorchrunsVariablesAndRefusesAPartialSet) {
+  const char* names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  for (const char* n : names) ::unsetenv(n);
+  EXPECT_FALSE(train::LaunchEnv::from_environment().launched);
+  ::setenv("RANK", "1", 1);
+  try {
+    train::LaunchEnv::from_environment();
+    ADD_FAILURE() << "a lone RANK was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("[ddp] WORLD_SIZE is not set"), std::string::npos) << e.what();
+  }
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("LOCAL_RANK", "1", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "29500", 1);
+  const auto env = train::LaunchEnv::from_environment();
+  EXPECT_TRUE(env.launched);
+  EXPECT_EQ(env.rank, 1);
+  EXPECT_EQ(env.world_size, 2);
+  ::setenv("RANK", "2", 1);  // not below WORLD_SIZE
+  EXPECT_THROW(train::LaunchEnv::from_environment(), std::runtime_error);
+  ::setenv("RANK", "one", 1);
+  EXPECT_THROW(train::LaunchEnv::from_environment(), std::runtime_error);
+  for (const char* n : names) ::unsetenv(n);
+}
