@@ -310,6 +310,10 @@ TEST(Config, ValidationFailuresNameTheKey) {
       {{"--decay_frac=0"}, "decay_frac (0.0)"},
       {{"--mlp=geglu"}, "mlp (geglu)"},
       {{"--logit_softcap=-1"}, "logit_softcap (-1.0)"},
+      {{"--backend=mpi"}, "backend (mpi) must be auto, gloo or nccl"},
+      {{"--backend=nccl", "--device=cpu"}, "backend (nccl) needs a CUDA device"},
+      {{"--ddp_timeout=0"}, "ddp_timeout (0)"},
+      {{"--ddp_bucket_mb=-1"}, "ddp_bucket_mb (-1.0)"},
   };
   for (const auto& [args, expected] : cases) {
     SCOPED_TRACE(expected);
@@ -383,9 +387,9 @@ TEST(Config, ToYamlRoundTripsExactly) {
 
 TEST(Config, ToYamlWritesEveryKeyInDeclarationOrder) {
   const std::vector<std::string> keys = config_keys();
-  ASSERT_EQ(keys.size(), 47u);  // nanoGPT's, ours (n_kv_head, pos_encoding, ...), and issue 15's switches
+  ASSERT_EQ(keys.size(), 50u);  // nanoGPT's, ours (n_kv_head, pos_encoding, ...), issue 15's switches, data parallel
   EXPECT_EQ(keys.front(), "out_dir");
-  EXPECT_EQ(keys.back(), "plot");
+  EXPECT_EQ(keys.back(), "ddp_bucket_mb");
   const std::string yaml = to_yaml(TrainConfig{});
   size_t last = 0;
   for (const std::string& key : keys) {
