@@ -55,7 +55,7 @@ struct TrainConfig {
   // data parallel (torchrun; train/distributed.h)
   std::string backend = "auto";              // auto (gloo on CPU, nccl on CUDA) | gloo | nccl
   int64_t ddp_timeout = 60;                  // seconds: a lost or stuck rank stops the others within this
-  double ddp_bucket_mb = 4.0;                // gradient all-reduce buckets (MB) overlapping the backward pass; 0 = one all-reduce after it
+  double ddp_bucket_mb = 1.0;                // gradient all-reduce buckets (MB) overlapping the backward pass; 0 = one all-reduce after it
 
   /// nanoGPT's train.py defaults for the architecture: GPT-2 small (12 layers, 12 heads, 768 wide,
   /// block 1024), with this project's RoPE and pre-norm choices.

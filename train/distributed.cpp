@@ -337,7 +337,9 @@ void GradientAllReduce::finish() {
     works.push_back(std::move(b.work));
     b.work.reset();
   }
+  const auto t0 = std::chrono::steady_clock::now();
   group_.wait(works, "the gradient all-reduce");
+  exposed_ms_.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
 }  // namespace nanogpt::train

@@ -107,6 +107,8 @@ class GradientAllReduce {
   /// After the backward pass: launches the buckets not started yet and waits for all.
   void finish();
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  /// Per step, the milliseconds finish() waited: the all-reduce time the backward pass did not hide.
+  const std::vector<double>& exposed_ms() const { return exposed_ms_; }
 
  private:
   struct Bucket {
@@ -122,6 +124,7 @@ class GradientAllReduce {
   std::vector<Bucket> buckets_;
   std::vector<torch::Tensor> hooked_;  // the parameters carrying our hook
   bool armed_ = false;
+  std::vector<double> exposed_ms_;
 };
 
 }  // namespace nanogpt::train

@@ -423,6 +423,13 @@ TrainResult Trainer::run_loop() {
   }
   log_->info("[train] done at iter {} | best val {:.4f} | median {:.2f} ms/iter | wall {:.1f} s", iter_, best_val_loss_,
              result.median_ms, ms_since(run_start) / 1000.0);
+  if (grad_reduce_ && !grad_reduce_->exposed_ms().empty()) {
+    std::vector<double> waits(grad_reduce_->exposed_ms().begin() + std::min(skip, grad_reduce_->exposed_ms().size() - 1),
+                              grad_reduce_->exposed_ms().end());
+    std::nth_element(waits.begin(), waits.begin() + waits.size() / 2, waits.end());
+    log_->info("[ddp] gradient all-reduce: median {:.2f} ms per step left waiting after the backward pass ({} bucket{})",
+               waits[waits.size() / 2], grad_reduce_->num_buckets(), grad_reduce_->num_buckets() > 1 ? "s" : "");
+  }
   return result;
 }
 
