@@ -164,7 +164,7 @@ std::string ProcessGroup::lost_ranks_line() {
     if (lost.empty()) return "every rank's heartbeat is alive: one is stuck or the network failed";
     std::string list;
     for (const auto& r : lost) list += (list.empty() ? "" : ", ") + r;
-    return fmt::format("lost rank{} {} (its heartbeat stopped: killed, crashed or its machine is gone)",
+    return fmt::format("lost rank{} {} (its heartbeat stopped: killed, crashed, frozen or its machine is gone)",
                        lost.size() > 1 ? "s" : "", list);
   } catch (const std::exception&) {
     return fmt::format("lost the store at {} (it lives in rank 0's process, or in torchrun's agent): rank 0 or the "

@@ -156,7 +156,8 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   opt.muon = config_.optimizer == "muon";
   opt.muon_lr_scale = config_.muon_learning_rate / config_.learning_rate;
   opt.muon_momentum = config_.muon_momentum;
-  opt.muon_dtype = amp_dtype_ == torch::kFloat ? torch::kFloat : torch::kBFloat16;  // bf16 where the run has fast bf16
+  // Newton–Schulz in bf16 where the run has fast bf16; fp32 otherwise (float16 runs are GPUs without bf16)
+  opt.muon_dtype = amp_dtype_ == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat;
   optimizer_ = std::make_unique<FlatAdamW>(*model_, opt);
   schedule_ = LrSchedule{config_.learning_rate, config_.min_lr,          config_.warmup_iters, config_.lr_decay_iters,
                          config_.decay_lr,      config_.lr_schedule == "wsd", config_.decay_frac};
