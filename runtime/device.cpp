@@ -5,14 +5,18 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/cpu/Utils.h>
-#if NANOGPT_TORCH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#endif
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
+
+#include "runtime/cuda_plugin.h"
 
 namespace nanogpt::runtime {
 
@@ -38,13 +42,57 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
 }
 
+namespace {
+
+std::mutex g_cuda_mutex;
+const CudaPlugin* g_cuda_plugin = nullptr;
+
+bool cuda_backend_registered() { return c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA); }
+
+// An NVIDIA driver on this machine (its control device, or its /proc entry): "auto" may find a GPU.
+bool nvidia_driver_present() {
+  std::error_code ec;
+  return std::filesystem::exists("/dev/nvidiactl", ec) || std::filesystem::exists("/proc/driver/nvidia/version", ec);
+}
+
+std::string plugin_path() {  // beside the running program
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ((ec ? std::filesystem::path(".") : exe.parent_path()) / "libnanogpt_cuda.so").string();
+}
+
+}  // namespace
+
+bool load_cuda(const std::string& device_name) {
+  const bool asked = device_name.rfind("cuda", 0) == 0;
+  if (!asked && !(device_name == "auto" && nvidia_driver_present())) return cuda_backend_registered();
+  std::lock_guard<std::mutex> lock(g_cuda_mutex);
+  if (g_cuda_plugin || !cuda_compiled()) return cuda_backend_registered();
+  const std::string path = plugin_path();
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  if (!handle) {
+    if (asked)
+      throw std::runtime_error(fmt::format("[device] cannot load CUDA support '{}': {} (rebuild with scripts/build.sh, "
+                                           "or use --device=cpu)",
+                                           path, ::dlerror()));
+    return cuda_backend_registered();
+  }
+  using Entry = const CudaPlugin* (*)();
+  auto entry = reinterpret_cast<Entry>(::dlsym(handle, "nanogpt_cuda_plugin"));
+  if (!entry) throw std::runtime_error(fmt::format("[device] '{}' is not nanogpt's CUDA plugin (rebuild)", path));
+  g_cuda_plugin = entry();
+  return cuda_backend_registered();
+}
+
+const CudaPlugin* cuda_plugin() {
+  std::lock_guard<std::mutex> lock(g_cuda_mutex);
+  return g_cuda_plugin;
+}
+
 bool has_fast_bf16(torch::Device device) {
   if (device.is_cuda()) {
-#if NANOGPT_TORCH_CUDA
-    return at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0)->major >= 8;
-#else
-    return false;
-#endif
+    const CudaPlugin* plugin = cuda_plugin();
+    return plugin && plugin->compute_capability_major(device.has_index() ? device.index() : 0) >= 8;
   }
   // cpuinfo's flags as LibTorch reports them.
   for (const auto& [name, value] : at::cpu::get_cpu_capabilities())
@@ -59,6 +107,7 @@ std::string resolve_dtype(const std::string& dtype, torch::Device device) {
 }
 
 torch::Device resolve_device(const std::string& name) {
+  load_cuda(name);  // before LibTorch is first asked about CUDA
   if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
   if (name == "cpu") return torch::kCPU;
   if (name.rfind("cuda", 0) == 0) {

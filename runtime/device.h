@@ -40,8 +40,9 @@ bool has_fast_bf16(torch::Device device);
 /// values are returned unchanged.
 std::string resolve_dtype(const std::string& dtype, torch::Device device);
 
-/// Resolves "auto" | "cpu" | "cuda" | "cuda:N" to a device. Throws "[device] ..." when CUDA is asked
-/// for and not available (names the LibTorch build and a hint).
+/// Resolves "auto" | "cpu" | "cuda" | "cuda:N" to a device, loading LibTorch's CUDA half first when
+/// the name may mean a GPU (runtime/cuda_plugin.h). Throws "[device] ..." when CUDA is asked for and
+/// not available (names the LibTorch build and a hint).
 torch::Device resolve_device(const std::string& name);
 
 /// Sets LibTorch's intra-op threads: n > 0 as given, 0 = every core.

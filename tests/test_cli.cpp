@@ -179,3 +179,26 @@ TEST(Cli, ChineseModelSamplesValidUtf8) {
   for (char32_t cp : cps) cjk += cp >= 0x4E00;
   EXPECT_GT(cjk, 20);
 }
+
+// LibTorch's CUDA half (libtorch_cuda.so, and cuBLAS, cuDNN, NCCL behind it) is mapped only for a
+// run that may use a GPU: the dynamic loader's own account (LD_DEBUG=files) of what it opened.
+TEST(Cli, OnlyAGpuRunLoadsLibTorchsCudaLibraries) {
+  TempDir dir("cli_lazy_cuda");
+  const std::string binary = NANOGPT_BINARY;
+  const std::string plugin = binary.substr(0, binary.rfind('/')) + "/libnanogpt_cuda.so";
+  auto opened = [&](const std::string& args) {  // the loader's trace of `nanogpt args`
+    const std::string trace = dir.path + "/trace";
+    std::system(("LD_DEBUG=files " + binary + " " + args + " >/dev/null 2>" + trace + " </dev/null").c_str());
+    return read_text(trace);
+  };
+  const std::string none = " --out_dir=" + dir.path + "/no_checkpoint --max_new_tokens=1";
+  const std::string help = opened("--help");
+  ASSERT_NE(help.find("libtorch_cpu.so"), std::string::npos) << "LD_DEBUG said nothing: " << help.substr(0, 400);
+  EXPECT_EQ(help.find("libtorch_cuda.so"), std::string::npos);
+  EXPECT_EQ(opened("sample --device=cpu" + none).find("libtorch_cuda.so"), std::string::npos);
+  if (!std::filesystem::exists(plugin)) GTEST_SKIP() << "a LibTorch without CUDA: no plugin to load";
+  // Asking for a GPU loads the plugin and LibTorch's CUDA half (and, without a GPU, then says so).
+  const std::string gpu = opened("sample --device=cuda" + none);
+  EXPECT_NE(gpu.find("libnanogpt_cuda.so"), std::string::npos);
+  EXPECT_NE(gpu.find("libtorch_cuda.so"), std::string::npos);
+}

@@ -1,8 +1,9 @@
 // The two c10d backends, each in its own corner because their headers need more than LibTorch's:
 // ProcessGroupGloo.hpp needs Gloo's headers (Debian: libgloo-dev; the wheel ships the library inside
-// libtorch_cpu.so but not its headers), ProcessGroupNCCL.hpp needs CUDA's and NCCL's. CMake defines
-// NANOGPT_HAVE_GLOO / NANOGPT_HAVE_NCCL for this file only when it found them (LibTorch's own
-// USE_C10D_GLOO / USE_C10D_NCCL say what the library has, not what this machine can compile).
+// libtorch_cpu.so but not its headers): CMake defines NANOGPT_HAVE_GLOO for this file only when it
+// found them (LibTorch's own USE_C10D_GLOO says what the library has, not what this machine can
+// compile). ProcessGroupNCCL.hpp needs CUDA's and NCCL's headers and libtorch_cuda.so: it lives in
+// the CUDA plugin (runtime/cuda_plugin.h), loaded only for a GPU run.
 #include "train/distributed_backends.h"
 
 #include <fmt/format.h>
@@ -12,9 +13,7 @@
 #ifdef NANOGPT_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
-#ifdef NANOGPT_HAVE_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
+#include "runtime/cuda_plugin.h"
 
 namespace nanogpt::train {
 
@@ -36,16 +35,12 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
 
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     std::chrono::milliseconds timeout) {
-#ifdef NANOGPT_HAVE_NCCL
-  auto options = c10d::ProcessGroupNCCL::Options::create();
-  options->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
-#else
-  (void)store, (void)rank, (void)size, (void)timeout;
-  throw std::runtime_error(
-      "[ddp] this nanogpt was built without NCCL (a CPU-only LibTorch), so it cannot train on several GPU processes "
-      "(build against the CUDA PyTorch wheel, or train with --device=cpu)");
-#endif
+  const runtime::CudaPlugin* plugin = runtime::cuda_plugin();  // loaded by resolve_device for a CUDA device
+  if (!plugin)
+    throw std::runtime_error(
+        "[ddp] this nanogpt has no CUDA support loaded (a CPU-only LibTorch, or a CPU device), so it cannot train on "
+        "several GPU processes with NCCL (build against the CUDA PyTorch wheel, or use backend: gloo / device: cpu)");
+  return plugin->make_nccl_backend(store, rank, size, timeout);
 }
 
 bool has_gloo() {
@@ -57,11 +52,8 @@ bool has_gloo() {
 }
 
 bool has_nccl() {
-#ifdef NANOGPT_HAVE_NCCL
-  return true;
-#else
-  return false;
-#endif
+  const runtime::CudaPlugin* plugin = runtime::cuda_plugin();
+  return plugin && plugin->has_nccl;
 }
 
 }  // namespace nanogpt::train

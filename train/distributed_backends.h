@@ -11,7 +11,8 @@ namespace nanogpt::train {
 /// ProcessGroupGloo over TCP (CPU tensors); throws "[ddp] ..." in a build without Gloo's headers.
 c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     std::chrono::milliseconds timeout);
-/// ProcessGroupNCCL (CUDA tensors, one GPU per process); throws "[ddp] ..." in a build without NCCL.
+/// ProcessGroupNCCL (CUDA tensors, one GPU per process), from the CUDA plugin; throws "[ddp] ..." when
+/// CUDA support is not loaded or was built without NCCL.
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     std::chrono::milliseconds timeout);
 bool has_gloo();
