@@ -8,8 +8,10 @@
 # Prints, per run: CPU preset ms/iter (median of iterations 10..N) and val loss at N
 # (N = CPU_ITERS, default 2000), full preset s/iter (median of FULL_ITERS, default 4, after one
 # warm-up), and sampling tok/s of the CPU-preset model (500 new tokens, start-up excluded: the time
-# for 500 tokens minus the time for 1). Run it on an otherwise idle machine: a compiler on the
-# other core slows LibTorch's threads far more than proportionally.
+# for 500 tokens minus the time for 1), the start-up of a sample (process start to the first token:
+# the time for 1 token) and the peak resident memory of the full-preset run (/usr/bin/time's %M).
+# Run it on an otherwise idle machine: a compiler on the other core slows LibTorch's threads far more
+# than proportionally.
 set -euo pipefail
 nanogpt_dir=$(cd "${1:?usage: scripts/bench_vs_nanogpt.sh NANOGPT_DIR [BF16_PATCH]}" && pwd)
 patch=${2:-$(dirname "$nanogpt_dir")/nanoGPT_cpu_bf16.py}
@@ -49,6 +51,8 @@ print(f"{statistics.median(ms) if ms else float('nan'):.2f} {val[-1] if val else
 PY
 }
 seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null 2>&1; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
+peak_gb() { awk '/^peak_kb / { printf "%.2f", $2 / 1048576 }' "$1"; }  # a log ending in time's "peak_kb N"
+rss=(/usr/bin/time -a -f "peak_kb %M")
 tok_per_s() { echo "scale=0; 499 / ($1 - $2)" | bc -l; }  # t(500 tokens) - t(1 token)
 
 cpu_nano=(config/train_shakespeare_char.py --device=cpu --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12
@@ -56,8 +60,16 @@ cpu_nano=(config/train_shakespeare_char.py --device=cpu --eval_iters=20 --log_in
           --eval_interval="$cpu_iters" --warmup_iters="$warmup")
 full_nano=(config/train_shakespeare_char.py --device=cpu --max_iters="$full_iters" --eval_interval=100000 --eval_iters=1
            --log_interval=1 --always_save_checkpoint=False)
+# The bf16 patch swaps contextlib.nullcontext for autocast; torch._dynamo (PyTorch 2.x) subclasses
+# nullcontext when first imported, so it is imported before the patch runs.
+cat >"$work/run_patch.py" <<'PY'
+import runpy, sys
+import torch._dynamo  # noqa: F401  (before the patch replaces contextlib.nullcontext)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+PY
 declare -A runner=([nanoGPT_fp32]="train.py --compile=False" [nanoGPT_compile]="train.py --compile=True"
-                   [nanoGPT_bf16]="$patch --compile=False")
+                   [nanoGPT_bf16]="$work/run_patch.py $patch --compile=False")
 rows=()
 
 echo "[bench] nanogpt-cpp, CPU preset ($cpu_iters iterations)"
@@ -66,12 +78,13 @@ build/nanogpt train configs/shakespeare_char_cpu.yaml --out_dir="$work/ours_cpu"
   >"$work/ours_cpu.log" 2>&1 || { tail -3 "$work/ours_cpu.log"; exit 1; }
 read -r ours_ms ours_val < <(median ours "$work/ours_cpu.log" 10)
 echo "[bench] nanogpt-cpp, full preset ($full_iters iterations)"
-build/nanogpt train configs/shakespeare_char.yaml --device=cpu --out_dir="$work/ours_full" --log_interval=1 \
-  --max_iters="$full_iters" --eval_interval=100000 --eval_iters=1 --num_threads="$threads" >"$work/ours_full.log" 2>&1 || true
+"${rss[@]}" -o "$work/ours_full.log" build/nanogpt train configs/shakespeare_char.yaml --device=cpu --out_dir="$work/ours_full" \
+  --log_interval=1 --max_iters="$full_iters" --eval_interval=100000 --eval_iters=1 --num_threads="$threads" \
+  >>"$work/ours_full.log" 2>&1 || true
 read -r ours_full _ < <(median ours "$work/ours_full.log" 1)
 t500=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=500 --num_threads="$threads")
 t1=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")
-rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(tok_per_s "$t500" "$t1")")
+rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(peak_gb "$work/ours_full.log") | $(tok_per_s "$t500" "$t1") | $(printf %.2f "$t1")")
 
 for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   read -r -a cmd <<<"${runner[$name]}"
@@ -85,18 +98,20 @@ for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
     { tail -3 "$work/$name.log"; continue; }
   read -r ms val < <(median nanogpt "$work/$name.log" 10)
   echo "[bench] $name, full preset"
-  (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${full_nano[@]}" --out_dir="$work/${name}_full" >"$work/${name}_full.log" 2>&1) || true
+  (cd "$work/nanoGPT" && "${rss[@]}" -o "$work/${name}_full.log" "$py" "${cmd[@]}" "${full_nano[@]}" \
+     --out_dir="$work/${name}_full" >>"$work/${name}_full.log" 2>&1) || true
   read -r full _ < <(median nanogpt "$work/${name}_full.log" 1)
-  tok="-"
+  tok="-" start="-"
   if [[ $name == nanoGPT_fp32 ]]; then  # sampling: nanoGPT's sample.py (fp32 on the CPU, no KV cache)
     samp=(sample.py --out_dir="$work/$name" --device=cpu --num_samples=1 --compile=False --dtype=float32)
     t500=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=500)
     t1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
     tok=$(tok_per_s "$t500" "$t1")
+    start=$(printf %.2f "$t1")
   fi
-  rows+=("$name | $ms | $val | $(echo "scale=2; $full / 1000" | bc -l) | $tok")
+  rows+=("$name | $ms | $val | $(echo "scale=2; $full / 1000" | bc -l) | $(peak_gb "$work/${name}_full.log") | $tok | $start")
 done
 echo
-echo "| run | CPU preset ms/iter | val @ $cpu_iters | full preset s/iter | sampling tok/s (CPU-preset model) |"
-echo "|---|---|---|---|---|"
+echo "| run | CPU preset ms/iter | val @ $cpu_iters | full preset s/iter | full preset peak RSS GB | sampling tok/s (CPU-preset model) | sample start-up s |"
+echo "|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "| $r |"; done
