@@ -327,6 +327,37 @@ TEST_F(Distributed, RanksWithDifferentConfigsAreRefusedAtStartUp) {
   EXPECT_FALSE(std::filesystem::exists(out + "/" + train::kLastCheckpoint));
 }
 
+TEST_F(Distributed, RanksWithDifferentDataAreRefusedAtStartUp) {
+  TempDir dir("ddp_data");
+  const auto config = write_config(dir.path, 20);
+  // Rank 1's copy of the corpus differs in one character.
+  std::filesystem::create_directories(dir.path + "/other");
+  std::string text = read_text(dir.path + "/data/input.txt");
+  text[text.size() / 2] = text[text.size() / 2] == 'e' ? 'a' : 'e';
+  std::ofstream(dir.path + "/other/input.txt", std::ios::binary) << text;
+  const std::string out = dir.path + "/out";
+  // Both ranks get the same --dataset (so their configs agree), a link that resolves to a different
+  // folder on each, as two machines with different copies would.
+  std::filesystem::create_directories(dir.path + "/r0");
+  std::filesystem::create_directories(dir.path + "/r1");
+  std::filesystem::create_directory_symlink(dir.path + "/data", dir.path + "/r0/corpus");
+  std::filesystem::create_directory_symlink(dir.path + "/other", dir.path + "/r1/corpus");
+  auto args = [&](int r) {
+    return std::vector<std::string>{"/bin/sh", "-c",
+                                    "cd " + dir.path + "/r" + std::to_string(r) + " && exec " + NANOGPT_BINARY +
+                                        " train " + config + " --out_dir=" + out + " --dataset=corpus"};
+  };
+  auto procs = start_pair(args(0), args(1), out, free_port());
+  for (const auto& p : procs) {
+    EXPECT_EQ(wait_for(p, std::chrono::seconds(60)), 1);
+    const std::string err = read_text(p.err);
+    EXPECT_NE(err.find("error: [ddp] rank 1 was started with a different dataset than rank 0: rank 1 has 'train "),
+              std::string::npos)
+        << err;
+    EXPECT_EQ(count(err, "\n"), 1) << err;
+  }
+}
+
 TEST_F(Distributed, AStepShareThatDoesNotDivideIsOneClearError) {
   TempDir dir("ddp_divide");
   const auto config = write_config(dir.path, 20);
