@@ -18,4 +18,8 @@ void add_import_command(CLI::App& app);     // cmd_import.cpp
 /// Exit status a subcommand wants when it ends without an error (e.g. 130 after Ctrl-C).
 int& exit_status();
 
+/// For `train` and `bench`: unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is set, sets a short OpenMP spin
+/// (GOMP_SPINCOUNT=1000) and restarts the program with it (openmp_env.cpp says why); otherwise returns.
+void restart_with_short_openmp_spin(int argc, char** argv);
+
 }  // namespace nanogpt::cli

@@ -15,6 +15,7 @@ int& exit_status() {
 
 int main(int argc, char** argv) {
   using namespace nanogpt::cli;
+  restart_with_short_openmp_spin(argc, argv);  // first: nothing has happened yet that a restart would redo
   nanogpt::runtime::retain_freed_memory();  // before any tensor: large activations are reused, not re-faulted
   CLI::App app{"nanogpt: train and sample character-level GPTs (nanoGPT, natively)"};
   app.require_subcommand(1);

@@ -202,3 +202,18 @@ TEST(Cli, OnlyAGpuRunLoadsLibTorchsCudaLibraries) {
   EXPECT_NE(gpu.find("libnanogpt_cuda.so"), std::string::npos);
   EXPECT_NE(gpu.find("libtorch_cuda.so"), std::string::npos);
 }
+
+// The nanogpt program starts LibTorch's OpenMP runtime with a short spin (cli/openmp_env.cpp), set
+// before the runtime reads it; a spin count or wait policy of the user's own is kept.
+TEST(Cli, OpenMpStartsWithAShortSpinUnlessTheUserSetOne) {
+  TempDir dir("cli_openmp_spin");
+  const std::string config = write_config(dir.path);
+  auto r = run("train " + config + " --max_iters=1 --eval_interval=100", dir.path);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("(OpenMP spin 1000)"), std::string::npos) << r.out;
+  const std::string mine = "GOMP_SPINCOUNT=123 " + std::string(NANOGPT_BINARY) + " train " + config +
+                           " --max_iters=1 --eval_interval=100 --out_dir=" + dir.path + "/mine >" + dir.path +
+                           "/mine.out 2>&1";
+  ASSERT_EQ(std::system(mine.c_str()), 0) << read_text(dir.path + "/mine.out");
+  EXPECT_NE(read_text(dir.path + "/mine.out").find("(OpenMP spin 123)"), std::string::npos);
+}

@@ -224,8 +224,13 @@ void Trainer::log_start() {
   const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.model.block_size;
   log_->info("number of parameters: {:.2f}M", model_->num_params() / 1e6);
   log_->info("[train] tokens per iteration will be: {}", tokens_per_iter);
-  log_->info("[train] device {} | dtype {} | threads {} | {} layers, {} heads, {} embd, block {}, vocab {} | {} positions, {}",
-             device_.str(), config_.dtype, torch::get_num_threads(), config_.model.n_layer, config_.model.n_head, config_.model.n_embd,
+  // The OpenMP spin count the runtime started with (cli/openmp_env.cpp sets it for the nanogpt program).
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const std::string waits = policy ? fmt::format("OpenMP wait {}", policy)
+                                   : fmt::format("OpenMP spin {}", spin ? spin : "default");
+  log_->info("[train] device {} | dtype {} | threads {} ({}) | {} layers, {} heads, {} embd, block {}, vocab {} | {} positions, {}",
+             device_.str(), config_.dtype, torch::get_num_threads(), waits, config_.model.n_layer, config_.model.n_head, config_.model.n_embd,
              config_.model.block_size, vocab_.size(), config_.model.pos_encoding, config_.model.norm);
 }
 
