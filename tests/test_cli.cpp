@@ -201,6 +201,8 @@ TEST(Cli, OnlyAGpuRunLoadsLibTorchsCudaLibraries) {
   const std::string gpu = opened("sample --device=cuda" + none);
   EXPECT_NE(gpu.find("libnanogpt_cuda.so"), std::string::npos);
   EXPECT_NE(gpu.find("libtorch_cuda.so"), std::string::npos);
+  EXPECT_EQ(gpu.find("cannot load CUDA support"), std::string::npos) << gpu.substr(gpu.size() - 400);
+  EXPECT_EQ(gpu.find("is not nanogpt's CUDA plugin"), std::string::npos);
 }
 
 // The nanogpt program starts LibTorch's OpenMP runtime with a short spin (cli/openmp_env.cpp), set
