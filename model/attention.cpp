@@ -177,11 +177,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
 
   // 3-6. Score, mask, softmax, weigh. The math path spells them out; LibTorch's fused kernels
   //      (scaled_dot_product_attention) compute the same without materialising the (T, Tk) scores.
-  //      Its fused CPU kernel has no dropout: with attention dropout in training SDPA falls back to
-  //      its own math kernel and LibTorch's Bernoulli mask (~0.4 s per 25M values), so `auto` takes
-  //      our math path there (full preset on the CPU: 12.7 vs 10.1 s/iter).
-  const bool cpu_dropout = x.device().is_cpu() && is_training() && dropout_ > 0.0;
-  const bool fused = !ctx.weights && (attention_ == "sdpa" || (attention_ == "auto" && !cpu_dropout));
+  //      `auto` trains on the CPU with the math path: LibTorch's fused CPU kernel is slow backwards
+  //      (35% of a CPU-preset step in bf16) and has no dropout (with attention dropout it falls back
+  //      to its own math kernel and a Bernoulli mask, ~0.4 s per 25M values). Measured per step,
+  //      math vs SDPA: CPU preset bf16 11.5 vs 26.5 ms, fp32 25.5 vs 26.6 ms; Tang CPU bf16 44.3 vs
+  //      55.1 ms; full preset bf16 without dropout 1.81 vs 2.30 s (at 3.8 vs 2.7 GB), with dropout
+  //      10.1 vs 12.7 s (fp32). Evaluation, prefill and CUDA keep the fused kernels.
+  const bool cpu_training = x.device().is_cpu() && is_training() && torch::GradMode::is_enabled();
+  const bool fused = !ctx.weights && (attention_ == "sdpa" || (attention_ == "auto" && !cpu_training));
   torch::Tensor y;
   if (fused) {
     const int64_t Tk = k.size(2);

@@ -93,6 +93,33 @@ double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
 }
 }  // namespace
 
+// `attention: auto` trains on the CPU with the math path and evaluates with the fused kernels: its
+// logits equal math's bit for bit in training (grad on), and sdpa's in evaluation (no grad).
+TEST(Attention, AutoTrainsWithMathAndEvaluatesWithSdpaOnTheCpu) {
+  auto cfg = tiny();
+  cfg.block_size = 32;
+  GPT models[3] = {GPT(nullptr), GPT(nullptr), GPT(nullptr)};
+  const char* kinds[3] = {"auto", "math", "sdpa"};
+  for (int m = 0; m < 3; ++m) {
+    cfg.attention = kinds[m];
+    torch::manual_seed(5);
+    models[m] = GPT(cfg);
+  }
+  auto idx = torch::randint(11, {2, 32});
+  auto logits = [&](GPT& model, bool training) {
+    model->train(training);
+    if (training) return model->logits(idx).detach();
+    torch::NoGradGuard no_grad;
+    return model->logits(idx);
+  };
+  const auto auto_train = logits(models[0], true), math_train = logits(models[1], true);
+  const auto auto_eval = logits(models[0], false), sdpa_eval = logits(models[2], false),
+             math_eval = logits(models[1], false);
+  EXPECT_TRUE(torch::equal(auto_train, math_train));
+  EXPECT_TRUE(torch::equal(auto_eval, sdpa_eval));
+  EXPECT_FALSE(torch::equal(sdpa_eval, math_eval)) << "the two paths must differ in rounding for this test to tell them apart";
+}
+
 // The fused path (scaled_dot_product_attention) against the written-out lesson (math), forward and
 // backward, in fp32 and under bf16 autocast, for multi-head and grouped-query attention, with RoPE
 // and with learned positions: the logits and every parameter's gradient.
