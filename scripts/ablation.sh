@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 15's ablation (BENCHMARKS.md "Beyond nanoGPT's recipe"): each switch alone on top of the
 # Shakespeare CPU preset, all together (the modern preset) and modern + Muon, 2000 iterations, a few
-# seeds each; prints the final val loss of every run and then mean ± sd per row.
+# seeds each, and two other combinations; prints the final val loss of every run and then mean ± sd per row.
 #
 #   scripts/ablation.sh                         # every row, seeds 1337 2 3, each config's own lr
 #   ROWS='^(base|modern)$' LR=2e-3 SEEDS=1337 scripts/ablation.sh   # a one-seed learning-rate probe
@@ -32,7 +32,9 @@ softcap15|$cpu|--logit_softcap=15
 wsd|$cpu|--lr_schedule=wsd --decay_frac=0.2
 muon|$cpu|--optimizer=muon
 modern|$modern|
-modern+muon|$modern|--optimizer=muon"
+modern+muon|$modern|--optimizer=muon
+modern-swiglu|$modern|--mlp=swiglu
+relu2+qk_norm+wsd|$cpu|--mlp=relu2 --qk_norm=true --lr_schedule=wsd --decay_frac=0.2"
 
 one() {  # name config overrides seed
   local name=$1 config=$2 overrides=$3 seed=$4 extra="" tag=""
