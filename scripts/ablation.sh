@@ -10,12 +10,14 @@
 # Environment: NANOGPT (binary, default build/nanogpt), ROWS (regex over row names), SEEDS, LR (AdamW
 # learning_rate; min_lr is set to LR/10 as in the presets; empty = the config's 1e-3), MUON_LR (empty =
 # 0.02), JOBS (runs at a time, 2), THREADS (--num_threads per run, 1), NICE (19), RUNS (out_dirs,
-# runs/ablation), EXTRA (more --key=value overrides, e.g. --max_iters=20 for a smoke test), RESULTS (a TSV that every finished run is appended to, RUNS/results.tsv).
+# runs/ablation), EXTRA (more --key=value overrides, e.g. --max_iters=20 for a smoke test), STOP_AT
+# (HH:MM UTC: start no run after it), RESULTS (a TSV that every finished run is appended to,
+# RUNS/results.tsv).
 # A run whose out_dir already holds a finished train.log is not run again, only reported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NANOGPT=${NANOGPT:-build/nanogpt} SEEDS=${SEEDS:-"1337 2 3"} LR=${LR:-} MUON_LR=${MUON_LR:-}
-export EXTRA=${EXTRA:-} JOBS=${JOBS:-2} THREADS=${THREADS:-1} NICE=${NICE:-19} RUNS=${RUNS:-runs/ablation}
+export STOP_AT=${STOP_AT:-} EXTRA=${EXTRA:-} JOBS=${JOBS:-2} THREADS=${THREADS:-1} NICE=${NICE:-19} RUNS=${RUNS:-runs/ablation}
 export RESULTS=${RESULTS:-$RUNS/results.tsv}
 ROWS=${ROWS:-.}
 
@@ -49,6 +51,7 @@ one() {  # name config overrides seed
   fi
   local run="$name-lr$lr$tag-s$seed" dir="$RUNS/$name-lr$lr$tag-s$seed"
   if ! grep -q '\[train\] done' "$dir/train.log" 2>/dev/null; then
+    [[ -n $STOP_AT && $(date -u +%H:%M) > $STOP_AT ]] && { echo "SKIPPED $run (past STOP_AT $STOP_AT UTC)"; return; }
     # shellcheck disable=SC2086
     nice -n "$NICE" "$NANOGPT" train "$config" $overrides $extra $EXTRA --seed="$seed" --out_dir="$dir" \
       --plot=false --num_threads="$THREADS" >"$dir.out" 2>&1 || { echo "FAILED $run (see $dir.out)"; return; }
