@@ -6,6 +6,9 @@
 #   scripts/ablation.sh                         # every row, seeds 1337 2 3, each config's own lr
 #   ROWS='^(base|modern)$' LR=2e-3 SEEDS=1337 scripts/ablation.sh   # a one-seed learning-rate probe
 #   ROWS='muon' MUON_LR=0.04 scripts/ablation.sh
+# BENCHMARKS.md's tuned table is, besides the default run (relu2, swiglu and modern + Muon are best at
+# the presets' rates): ROWS='^(base|rmsnorm|qk_norm|untied|softcap15|wsd)$' LR=4e-3, ROWS='^modern$'
+# LR=5e-4, ROWS='^muon$' LR=2e-3 MUON_LR=0.01.
 #
 # Environment: NANOGPT (binary, default build/nanogpt), ROWS (regex over row names), SEEDS, LR (AdamW
 # learning_rate; min_lr is set to LR/10 as in the presets; empty = the config's 1e-3), MUON_LR (empty =
