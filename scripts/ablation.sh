@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 15's ablation (BENCHMARKS.md "Beyond nanoGPT's recipe"): each switch alone on top of the
-# Shakespeare CPU preset, all together (the modern preset) and modern + Muon, 2000 iterations, a few
-# seeds each, and two other combinations; prints the final val loss of every run and then mean ± sd per row.
+# Shakespeare CPU preset, all together (the modern preset), modern + Muon and two other combinations,
+# 2000 iterations, a few seeds each; prints the final val loss of every run, then mean ± sd per row.
 #
 #   scripts/ablation.sh                         # every row, seeds 1337 2 3, each config's own lr
 #   ROWS='^(base|modern)$' LR=2e-3 SEEDS=1337 scripts/ablation.sh   # a one-seed learning-rate probe
