@@ -40,16 +40,18 @@ BatchSampler::BatchSampler(torch::Tensor tokens, int64_t batch_size, int64_t blo
 }
 
 std::pair<torch::Tensor, torch::Tensor> BatchSampler::next(torch::Device device) {
-  // Valid starts are 0 .. N - T - 1: the window [start, start + T] must end at or before N - 1.
-  const auto num_starts = static_cast<uint64_t>(num_tokens() - block_size_);
   std::vector<int64_t> starts(static_cast<size_t>(batch_size_));
-  for (auto& start : starts) start = static_cast<int64_t>(uniform_below(rng_, num_starts));
+  for (auto& start : starts) start = draw_start();
   return gather(starts, device);
 }
 
 void BatchSampler::skip(int64_t batches) {
-  const auto num_starts = static_cast<uint64_t>(num_tokens() - block_size_);
-  for (int64_t i = 0; i < batches * batch_size_; ++i) uniform_below(rng_, num_starts);
+  for (int64_t i = 0; i < batches * batch_size_; ++i) draw_start();
+}
+
+int64_t BatchSampler::draw_start() {
+  // Valid starts are 0 .. N - T - 1: the window [start, start + T] must end at or before N - 1.
+  return static_cast<int64_t>(uniform_below(rng_, static_cast<uint64_t>(num_tokens() - block_size_)));
 }
 
 std::pair<torch::Tensor, torch::Tensor> BatchSampler::sequential(int64_t index, torch::Device device) const {

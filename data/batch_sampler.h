@@ -39,6 +39,7 @@ class BatchSampler {
   int64_t block_size() const { return block_size_; }
 
  private:
+  int64_t draw_start();  // one window start from the generator
   std::pair<torch::Tensor, torch::Tensor> gather(const std::vector<int64_t>& starts, torch::Device device) const;
 
   torch::Tensor tokens_;  // (N,) int32, contiguous, CPU

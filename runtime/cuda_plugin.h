@@ -17,7 +17,6 @@ namespace nanogpt::runtime {
 /// What the plugin offers; its functions are C++ (same compiler, same LibTorch).
 struct CudaPlugin {
   int (*compute_capability_major)(int device);  // e.g. 8 for an A100
-  bool has_nccl;                                 // built with NCCL's header
   c10::intrusive_ptr<c10d::Backend> (*make_nccl_backend)(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                          int size, std::chrono::milliseconds timeout);
 };

@@ -25,6 +25,7 @@
 
 #include "train/checkpoint.h"
 #include "train/distributed.h"
+#include "train/distributed_backends.h"
 #include "train_fixture.h"
 
 extern char** environ;
@@ -171,17 +172,11 @@ int count(const std::string& text, const std::string& needle) {
 class Distributed : public ::testing::Test {
  protected:
   void SetUp() override {
-    // Without Gloo's headers the build cannot start CPU process groups: one clear error, tested below.
-    if (!gloo_available()) GTEST_SKIP() << "this build has no Gloo (install libgloo-dev and rebuild)";
+    if (!train::has_gloo()) GTEST_SKIP() << "this build has no Gloo (install libgloo-dev and rebuild)";
   }
-  static bool gloo_available();
 };
 
 }  // namespace
-
-#include "train/distributed_backends.h"
-
-bool Distributed::gloo_available() { return train::has_gloo(); }
 
 TEST_F(Distributed, TwoProcessesLogTheLossesOfOneProcess) {
   TempDir dir("ddp_equal");

@@ -2,6 +2,7 @@
 #include "train/distributed.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -56,6 +57,8 @@ std::string first_difference(int64_t rank, const std::string& other, const std::
       return fmt::format("rank {} has '{}' where rank 0 has '{}'", rank, go ? lo : "(nothing)", gr ? lr : "(nothing)");
   }
 }
+
+std::string beat_key(int64_t rank) { return fmt::format("beat/{}", rank); }  // a rank's heartbeat counter
 
 std::string first_line(const std::string& text) {
   const auto end = text.find('\n');
@@ -133,7 +136,7 @@ ProcessGroup::~ProcessGroup() {
 }
 
 void ProcessGroup::heartbeat_loop() {
-  const std::string key = fmt::format("beat/{}", rank_);
+  const std::string key = beat_key(rank_);
   while (!stop_heartbeat_) {
     try {
       store_->add(key, 1);
@@ -152,20 +155,18 @@ std::string ProcessGroup::lost_ranks_line() {
   try {
     auto read = [&] {
       std::vector<int64_t> beats(static_cast<size_t>(world_size_));
-      for (int64_t r = 0; r < world_size_; ++r) beats[static_cast<size_t>(r)] = store_->add(fmt::format("beat/{}", r), 0);
+      for (int64_t r = 0; r < world_size_; ++r) beats[static_cast<size_t>(r)] = store_->add(beat_key(r), 0);
       return beats;
     };
     const auto before = read();
     std::this_thread::sleep_for(kHeartbeatPeriod * 5);
     const auto after = read();
-    std::vector<std::string> lost;
+    std::vector<int64_t> lost;
     for (int64_t r = 0; r < world_size_; ++r)
-      if (r != rank_ && after[static_cast<size_t>(r)] == before[static_cast<size_t>(r)]) lost.push_back(std::to_string(r));
+      if (r != rank_ && after[static_cast<size_t>(r)] == before[static_cast<size_t>(r)]) lost.push_back(r);
     if (lost.empty()) return "every rank's heartbeat is alive: one is stuck or the network failed";
-    std::string list;
-    for (const auto& r : lost) list += (list.empty() ? "" : ", ") + r;
     return fmt::format("lost rank{} {} (its heartbeat stopped: killed, crashed, frozen or its machine is gone)",
-                       lost.size() > 1 ? "s" : "", list);
+                       lost.size() > 1 ? "s" : "", fmt::join(lost, ", "));
   } catch (const std::exception&) {
     return fmt::format("lost the store at {} (it lives in rank 0's process, or in torchrun's agent): rank 0 or the "
                        "launcher is gone",

@@ -51,9 +51,5 @@ bool has_gloo() {
 #endif
 }
 
-bool has_nccl() {
-  const runtime::CudaPlugin* plugin = runtime::cuda_plugin();
-  return plugin && plugin->has_nccl;
-}
 
 }  // namespace nanogpt::train

@@ -15,7 +15,7 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
 /// CUDA support is not loaded or was built without NCCL.
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     std::chrono::milliseconds timeout);
+/// Whether this build can create ProcessGroupGloo (it found Gloo's headers).
 bool has_gloo();
-bool has_nccl();
 
 }  // namespace nanogpt::train

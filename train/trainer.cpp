@@ -58,6 +58,14 @@ uint64_t fnv1a(const void* data, size_t bytes) {
   return h;
 }
 
+// The median of `values` after the first `skip` (warm-up) ones; 0 when none are left.
+double median_after(const std::vector<double>& values, size_t skip) {
+  if (skip >= values.size()) return 0;
+  std::vector<double> steady(values.begin() + static_cast<std::ptrdiff_t>(skip), values.end());
+  std::nth_element(steady.begin(), steady.begin() + steady.size() / 2, steady.end());
+  return steady[steady.size() / 2];
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
@@ -133,14 +141,16 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
         resume_meta.vocab.size(), config_.dataset, vocab_.size()));
   train_tokens_ = data::read_token_file(config_.dataset + "/train.bin", vocab_.size());
   val_tokens_ = data::read_token_file(config_.dataset + "/val.bin", vocab_.size());
-  if (group_)
+  if (group_) {
+    const std::string vocab_text = vocab_.serialize();
     group_->check_same("dataset",
                        fmt::format("vocab {} characters, checksum {:016x}\ntrain {} tokens, checksum {:016x}\nval {} tokens, "
                                    "checksum {:016x}",
-                                   vocab_.size(), fnv1a(vocab_.serialize().data(), vocab_.serialize().size()),
+                                   vocab_.size(), fnv1a(vocab_text.data(), vocab_text.size()),
                                    train_tokens_.numel(), fnv1a(train_tokens_.data_ptr(), train_tokens_.nbytes()),
                                    val_tokens_.numel(), fnv1a(val_tokens_.data_ptr(), val_tokens_.nbytes())),
                        "every rank must read the same input.txt: copy the dataset folder to every machine");
+  }
   sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.model.block_size, config_.seed);
   // The val split only needs one window; check it now rather than at the first evaluation.
   data::BatchSampler(val_tokens_, 1, config_.model.block_size, 0);
@@ -409,7 +419,8 @@ TrainResult Trainer::run_loop() {
     ++iter_;
     if (step_hook_) step_hook_(iter_);
 
-    if (!group_ && stop_signal == 0) stop_signal = StopSignals::received();  // CUDA steps that did not read the loss
+    // Alone: a signal that came after the loss was read (the step hook), or on a CUDA step that did not read it.
+    if (!group_ && stop_signal == 0) stop_signal = StopSignals::received();
     if (const int sig = stop_signal) {
       log_->info("[train] signal {} received: saving and stopping at iter {}", sig, iter_);
       if (is_main()) save(config_.out_dir + "/" + kLastCheckpoint, false);
@@ -422,19 +433,14 @@ TrainResult Trainer::run_loop() {
   result.best_val_loss = best_val_loss_;
   result.last_val_loss = last_val;
   const size_t skip = std::min<size_t>(step_ms.size() / 2, 10);  // warm-up steps
-  std::vector<double> steady(step_ms.begin() + skip, step_ms.end());
-  if (!steady.empty()) {
-    std::nth_element(steady.begin(), steady.begin() + steady.size() / 2, steady.end());
-    result.median_ms = steady[steady.size() / 2];
-  }
+  result.median_ms = median_after(step_ms, skip);
   log_->info("[train] done at iter {} | best val {:.4f} | median {:.2f} ms/iter | wall {:.1f} s", iter_, best_val_loss_,
              result.median_ms, ms_since(run_start) / 1000.0);
   if (grad_reduce_ && !grad_reduce_->exposed_ms().empty()) {
-    std::vector<double> waits(grad_reduce_->exposed_ms().begin() + std::min(skip, grad_reduce_->exposed_ms().size() - 1),
-                              grad_reduce_->exposed_ms().end());
-    std::nth_element(waits.begin(), waits.begin() + waits.size() / 2, waits.end());
+    const auto& waits = grad_reduce_->exposed_ms();  // one per step, like step_ms
     log_->info("[ddp] gradient all-reduce: median {:.2f} ms per step left waiting after the backward pass ({} bucket{})",
-               waits[waits.size() / 2], grad_reduce_->num_buckets(), grad_reduce_->num_buckets() > 1 ? "s" : "");
+               median_after(waits, std::min(skip, waits.size() - 1)), grad_reduce_->num_buckets(),
+               grad_reduce_->num_buckets() > 1 ? "s" : "");
   }
   return result;
 }

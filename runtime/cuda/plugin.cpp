@@ -27,13 +27,7 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 #endif
 }
 
-#ifdef NANOGPT_HAVE_NCCL
-constexpr bool kHasNccl = true;
-#else
-constexpr bool kHasNccl = false;
-#endif
-
-const nanogpt::runtime::CudaPlugin kPlugin{compute_capability_major, kHasNccl, make_nccl_backend};
+const nanogpt::runtime::CudaPlugin kPlugin{compute_capability_major, make_nccl_backend};
 
 }  // namespace
 
