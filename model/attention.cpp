@@ -9,6 +9,7 @@
 #include <optional>
 #include <tuple>
 
+#include "model/fast/chunked_attention.h"
 #include "model/fast/decode_attention.h"
 #include "model/fast/linear.h"
 
@@ -183,11 +184,17 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   //      math vs SDPA: CPU preset bf16 11.5 vs 26.5 ms, fp32 25.5 vs 26.6 ms; Tang CPU bf16 44.3 vs
   //      55.1 ms; full preset bf16 without dropout 1.81 vs 2.30 s (at 3.8 vs 2.7 GB), with dropout
   //      10.1 vs 12.7 s (fp32). Evaluation, prefill and CUDA keep the fused kernels.
+  //      Where a layer's (B, nh, T, T) weights outgrow the cache (the full preset: 150 MB per layer),
+  //      `auto` trains with the same math in chunks that recompute the weights in backward instead of
+  //      keeping them (model/fast/chunked_attention.h).
+  const int64_t Tk = k.size(2);
   const bool cpu_training = x.device().is_cpu() && is_training() && torch::GradMode::is_enabled();
   const bool fused = !ctx.weights && (attention_ == "sdpa" || (attention_ == "auto" && !cpu_training));
+  const int64_t chunk_pairs = attention_chunk_pairs(T, Tk);
+  const bool chunked = !ctx.weights && T == Tk &&
+                       (attention_ == "chunked" || (attention_ == "auto" && cpu_training && chunk_pairs < B * n_head_));
   torch::Tensor y;
   if (fused) {
-    const int64_t Tk = k.size(2);
     const bool plain_causal = T == Tk;  // no cached prefix: the kernel's own causal mask fits
     auto mask = (plain_causal || T == 1) ? torch::Tensor() : causal_mask(ctx.start_pos, T, Tk, x.device());
     y = fused_attention(q, k, v, mask, plain_causal && T > 1, is_training() ? dropout_ : 0.0);  // (B, nh, T, hs)
@@ -196,7 +203,13 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
       k = k.repeat_interleave(n_head_ / n_kv_head_, 1);  // (B, nh, Tk, hs)
       v = v.repeat_interleave(n_head_ / n_kv_head_, 1);
     }
-    y = math_attention(q, k, v, ctx.start_pos, ctx.weights);  // (B, nh, T, hs)
+    if (chunked) {
+      const auto dtype = v.scalar_type();  // under autocast the projections' bf16
+      y = chunked_attention(q.to(dtype), k.to(dtype), v, causal_bias(0, T, Tk, x.device()),
+                            is_training() ? dropout_ : 0.0, chunk_pairs);  // (B, nh, T, hs)
+    } else {
+      y = math_attention(q, k, v, ctx.start_pos, ctx.weights);  // (B, nh, T, hs)
+    }
   }
 
   // 7. Project: heads side by side, then the output projection.

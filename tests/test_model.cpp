@@ -504,7 +504,7 @@ TEST(ModelConfig, RejectsImpossibleCombinationsNamingValues) {
   expect_error(c, "alibi");
   c = tiny();
   c.attention = "flash";
-  expect_error(c, "attention (flash) must be math, sdpa or auto");
+  expect_error(c, "attention (flash) must be math, sdpa, chunked or auto");
   c = tiny();
   c.mlp = "geglu";
   expect_error(c, "mlp (geglu) must be gelu, relu2 or swiglu");

@@ -1,0 +1,120 @@
+// Chunked, recomputing attention (model/fast/chunked_attention.h) against the math it chunks,
+// written out here with LibTorch's autograd: outputs and the gradients of q, k and v, with
+// dropout (the same seed gives the same mask), in fp32 and bf16, for chunk sizes that do and do
+// not divide the (batch, head) pairs; and the model's `auto` rule that picks it.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "model/fast/chunked_attention.h"
+#include "model/fast/dropout.h"
+#include "model/gpt.h"
+#include "runtime/device.h"
+
+using namespace nanogpt::model;
+
+namespace {
+
+double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto a64 = a.to(torch::kDouble), b64 = b.to(torch::kDouble);
+  return ((a64 - b64).abs().max() / b64.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+torch::Tensor causal_bias(int64_t T) {
+  return torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(1);  // (T, T) 0 / -inf
+}
+
+// softmax(q kᵀ / √hs + causal) → dropout → · v, the whole tensor at once, through autograd.
+torch::Tensor reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, double p) {
+  const int64_t T = q.size(2);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  auto scores = q.matmul(k.transpose(-2, -1)) * scale + causal_bias(T).to(q.scalar_type());  // (B, nh, T, T)
+  auto probs = torch::softmax(scores, -1, torch::kFloat);
+  return fast_dropout(probs, p, p > 0).to(v.scalar_type()).matmul(v);  // (B, nh, T, hs)
+}
+
+}  // namespace
+
+TEST(ChunkedAttention, MatchesTheWholeMathForwardAndBackward) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (const double p : {0.0, 0.25}) {
+      for (const int64_t chunk : {1, 3, 4, 64}) {  // 12 pairs: one per chunk, a ragged last chunk, even, one chunk
+        SCOPED_TRACE(std::string(dtype == torch::kFloat ? "fp32" : "bf16") + " p=" + std::to_string(p) +
+                     " chunk=" + std::to_string(chunk));
+        torch::manual_seed(1);
+        const int64_t B = 3, nh = 4, T = 13, hs = 8;  // T odd: chunks start mid-way through a mask word
+        auto make = [&] { return torch::randn({B, nh, T, hs}).to(dtype).requires_grad_(); };
+        auto q = make(), k = make(), v = make();
+        auto dy = torch::randn({B, nh, T, hs}).to(dtype);
+        torch::manual_seed(7);
+        auto y_ref = reference(q, k, v, p);
+        auto grads_ref = torch::autograd::grad({y_ref}, {q, k, v}, {dy});
+        torch::manual_seed(7);
+        auto y = chunked_attention(q, k, v, causal_bias(T), p, chunk);
+        auto grads = torch::autograd::grad({y}, {q, k, v}, {dy});
+        const double tol = dtype == torch::kFloat ? 1e-5 : 2e-2;
+        EXPECT_EQ(y.scalar_type(), dtype);
+        EXPECT_LE(relative_error(y, y_ref), tol);
+        for (int i = 0; i < 3; ++i) EXPECT_LE(relative_error(grads[i], grads_ref[i]), tol) << "q k v"[2 * i];
+      }
+    }
+  }
+}
+
+TEST(ChunkedAttention, AMaskAppliedInPiecesIsTheWholeMask) {
+  auto x = torch::randn({1001});
+  const uint64_t seed = 42;
+  auto whole = apply_dropout_mask(x, 0.3, seed, 0, torch::kFloat);
+  std::vector<torch::Tensor> pieces;
+  const int64_t cuts[] = {0, 5, 6, 7, 300, 999, 1001};  // pieces that start and end inside a hash word
+  for (int i = 0; i + 1 < 7; ++i)
+    pieces.push_back(apply_dropout_mask(x.narrow(0, cuts[i], cuts[i + 1] - cuts[i]), 0.3, seed, cuts[i], torch::kFloat));
+  EXPECT_TRUE(torch::equal(torch::cat(pieces), whole));
+  EXPECT_FALSE(torch::equal(apply_dropout_mask(x, 0.3, seed + 1, 0, torch::kFloat), whole));
+}
+
+// `auto` trains with chunks where a layer's weights outgrow one chunk (here T = 256, 2 × 4 pairs of
+// 64K scores, 4 pairs per chunk) and with the whole math below that; chunked and math models agree
+// on the logits and every parameter's gradient with dropout on.
+TEST(ChunkedAttention, AutoChunksLargeTrainingAttentionAndMatchesMath) {
+  ModelConfig cfg;
+  cfg.vocab_size = 11;
+  cfg.block_size = 256;
+  cfg.n_layer = 2;
+  cfg.n_head = 4;
+  cfg.n_kv_head = 2;
+  cfg.n_embd = 32;
+  cfg.dropout = 0.1;
+  ASSERT_LT(attention_chunk_pairs(256, 256), 2 * cfg.n_head);
+  GPT models[3] = {GPT(nullptr), GPT(nullptr), GPT(nullptr)};
+  const char* kinds[3] = {"auto", "chunked", "math"};
+  for (int m = 0; m < 3; ++m) {
+    cfg.attention = kinds[m];
+    torch::manual_seed(5);
+    models[m] = GPT(cfg);
+  }
+  auto idx = torch::randint(11, {2, 256});
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    torch::Tensor logits[3];
+    for (int m = 0; m < 3; ++m) {
+      models[m]->train();
+      models[m]->zero_grad();
+      torch::manual_seed(9);  // the same dropout masks in all three
+      {
+        nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+        logits[m] = models[m]->logits(idx);
+      }
+      logits[m].to(torch::kFloat).pow(2).mean().backward();
+    }
+    EXPECT_TRUE(torch::equal(logits[0], logits[1])) << "auto must have taken the chunked path";
+    const double tol = bf16 ? 2e-2 : 1e-5;
+    EXPECT_LE(relative_error(logits[1], logits[2]), tol);
+    auto math_params = models[2]->named_parameters();
+    for (auto& p : models[1]->named_parameters())
+      EXPECT_LE(relative_error(p.value().grad(), math_params[p.key()].grad()), tol) << p.key();
+  }
+}
