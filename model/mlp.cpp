@@ -1,9 +1,52 @@
 // MLP (see mlp.h).
 #include "model/mlp.h"
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include "model/fast/linear.h"
 
 namespace nanogpt::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// activation(h) · wᵀ keeping only h for backward, which recomputes the activation from it: the
+// activation's output (H wide, 4 C) is the largest tensor a block would otherwise keep for backward,
+// 50 MB per layer at the full preset in bf16, and recomputing it is one elementwise pass.
+struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
+                               const std::string& kind) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // dtypes are the caller's
+    ctx->save_for_backward({h, w});
+    ctx->saved_data["kind"] = kind;
+    return dense(mlp_activation(kind, h), w);  // (B, T, C)
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    auto saved = ctx->get_saved_variables();
+    const auto &h = saved[0], &w = saved[1];
+    const auto kind = ctx->saved_data["kind"].toStringRef();
+    auto dy = grads[0].to(h.scalar_type());                              // (B, T, C)
+    auto dy2 = dy.reshape({-1, dy.size(-1)});                            // (B*T, C)
+    torch::AutoGradMode grad_on(true);
+    auto h_again = h.detach().requires_grad_(true);
+    auto a = mlp_activation(kind, h_again);                             // (B, T, H), recomputed
+    auto dw = dy2.t().mm(a.detach().reshape({-1, a.size(-1)}));         // (C, H)
+    auto dh = torch::autograd::grad({a}, {h_again}, {dy.matmul(w)})[0];  // through the activation
+    return {dh, dw, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor mlp_activation(const std::string& kind, const torch::Tensor& h) {
+  if (kind == "gelu") return torch::gelu(h);  // exact (erf) GELU like nanoGPT
+  if (kind == "relu2") return torch::relu(h).square();
+  auto gate_up = h.chunk(2, -1);  // swiglu
+  return torch::silu(gate_up[0]) * gate_up[1];  // (B, T, H)
+}
 
 MLPImpl::MLPImpl(const ModelConfig& config) : activation_(config.mlp) {
   const int64_t C = config.n_embd, H = config.mlp_hidden(), fc_out = activation_ == "swiglu" ? 2 * H : H;
@@ -14,15 +57,16 @@ MLPImpl::MLPImpl(const ModelConfig& config) : activation_(config.mlp) {
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   auto h = dense(x, c_fc->weight, c_fc->bias);  // (B, T, H), swiglu (B, T, 2H)
-  if (activation_ == "gelu") {
-    h = torch::gelu(h);  // exact (erf) GELU like nanoGPT
-  } else if (activation_ == "relu2") {
-    h = torch::relu(h).square();
-  } else {  // swiglu
-    auto gate_up = h.chunk(2, -1);
-    h = torch::silu(gate_up[0]) * gate_up[1];  // (B, T, H)
+  torch::Tensor y;
+  if (torch::GradMode::is_enabled() && is_training()) {
+    // Training: the activation is recomputed in backward instead of kept; c_proj computes in h's
+    // dtype (bf16 under autocast, as autocast's linear would), its bias added after.
+    y = ProjectActivation::apply(h, c_proj->weight.to(h.scalar_type()), activation_);
+    if (c_proj->bias.defined()) y = y + c_proj->bias.to(y.scalar_type());
+  } else {
+    y = dense(mlp_activation(activation_, h), c_proj->weight, c_proj->bias);
   }
-  return dropout(dense(h, c_proj->weight, c_proj->bias));  // (B, T, C)
+  return dropout(y);  // (B, T, C)
 }
 
 }  // namespace nanogpt::model

@@ -13,10 +13,14 @@
 
 namespace nanogpt::model {
 
+/// The activation of kind gelu | relu2 | swiglu on c_fc's output h (B, T, H), swiglu (B, T, 2H) -> (B, T, H).
+torch::Tensor mlp_activation(const std::string& kind, const torch::Tensor& h);
+
 class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const ModelConfig& config);
-  /// x (B, T, C) -> (B, T, C).
+  /// x (B, T, C) -> (B, T, C). In training the activation's output is not kept for backward but
+  /// recomputed there from c_fc's output.
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear c_fc{nullptr};    // C -> H (swiglu: C -> 2H, the gate and the up projection)

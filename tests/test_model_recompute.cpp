@@ -1,7 +1,10 @@
-// Chunked, recomputing attention (model/fast/chunked_attention.h) against the math it chunks,
-// written out here with LibTorch's autograd: outputs and the gradients of q, k and v, with
-// dropout (the same seed gives the same mask), in fp32 and bf16, for chunk sizes that do and do
-// not divide the (batch, head) pairs; and the model's `auto` rule that picks it.
+// What training recomputes in backward instead of keeping, against the plain autograd it replaces.
+// Chunked attention (model/fast/chunked_attention.h) against the math it chunks: outputs and the
+// gradients of q, k and v, with dropout (the same seed gives the same mask), in fp32 and bf16, for
+// chunk sizes that do and do not divide the (batch, head) pairs; and the model's `auto` rule that
+// picks it. The MLP's activation, recomputed from c_fc's output (model/mlp.h), against the MLP
+// evaluated with plain autograd. RoPE's rotation, whose backward rotates the gradient back, against
+// the rotation written from its definition.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +15,8 @@
 #include "model/fast/chunked_attention.h"
 #include "model/fast/dropout.h"
 #include "model/gpt.h"
+#include "model/mlp.h"
+#include "model/positions.h"
 #include "runtime/device.h"
 
 using namespace nanogpt::model;
@@ -117,4 +122,62 @@ TEST(ChunkedAttention, AutoChunksLargeTrainingAttentionAndMatchesMath) {
     for (auto& p : models[1]->named_parameters())
       EXPECT_LE(relative_error(p.value().grad(), math_params[p.key()].grad()), tol) << p.key();
   }
+}
+
+// In training the MLP keeps c_fc's output and recomputes the activation in backward; in eval mode
+// (grad still on) it runs plain autograd. Same output and gradients, for every activation.
+TEST(MlpRecompute, MatchesPlainAutogradForEveryActivation) {
+  for (const char* kind : {"gelu", "relu2", "swiglu"}) {
+    for (const bool bf16 : {false, true}) {
+      for (const bool bias : {false, true}) {
+        SCOPED_TRACE(std::string(kind) + (bf16 ? " bf16" : " fp32") + (bias ? " bias" : ""));
+        ModelConfig cfg;
+        cfg.n_embd = 24;
+        cfg.mlp = kind;
+        cfg.bias = bias;
+        torch::manual_seed(3);
+        MLP mlp(cfg);
+        auto x = torch::randn({2, 5, 24});
+        auto run = [&](bool training) {
+          mlp->train(training);
+          mlp->zero_grad();
+          auto xx = x.clone().requires_grad_(true);
+          torch::Tensor y;
+          {
+            nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+            y = mlp(xx);
+          }
+          (y.to(torch::kFloat) * torch::linspace(-1, 1, 24)).pow(2).sum().backward();
+          std::vector<torch::Tensor> out = {y.detach(), xx.grad()};
+          for (auto& p : mlp->parameters()) out.push_back(p.grad().clone());
+          return out;
+        };
+        auto recomputed = run(true), plain = run(false);
+        ASSERT_EQ(recomputed.size(), plain.size());
+        EXPECT_EQ(recomputed[0].scalar_type(), plain[0].scalar_type());
+        const double tol = bf16 ? 1e-2 : 1e-6;
+        for (size_t i = 0; i < plain.size(); ++i) EXPECT_LE(relative_error(recomputed[i], plain[i]), tol) << i;
+      }
+    }
+  }
+}
+
+// RoPE from its definition (pairs (i, i + hs/2) turned by pos · base^(-2i/hs)) through autograd in
+// fp64, against Rope::apply, whose backward keeps nothing and rotates the gradient back.
+TEST(RopeRecompute, GradientIsTheInverseRotation) {
+  const int64_t B = 2, T = 7, H = 3, hs = 8, start = 5;
+  torch::manual_seed(4);
+  auto x = torch::randn({B, T, H, hs}, torch::kDouble).requires_grad_(true);
+  auto dy = torch::randn({B, T, H, hs}, torch::kDouble);
+  auto i = torch::arange(hs / 2, torch::kDouble);
+  auto angle = torch::arange(start, start + T, torch::kDouble).view({T, 1, 1}) * torch::pow(10000.0, -2.0 * i / hs);
+  auto x1 = x.narrow(-1, 0, hs / 2), x2 = x.narrow(-1, hs / 2, hs / 2);
+  auto ref = torch::cat({x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()}, -1);
+  auto dx_ref = torch::autograd::grad({ref}, {x}, {dy})[0];
+  Rope rope(16, hs, 10000.0);
+  auto xf = x.detach().to(torch::kFloat).requires_grad_(true);
+  auto y = rope.apply(xf, start);
+  auto dx = torch::autograd::grad({y}, {xf}, {dy.to(torch::kFloat)})[0];
+  EXPECT_LE(relative_error(y, ref), 1e-6);
+  EXPECT_LE(relative_error(dx, dx_ref), 1e-6);
 }
