@@ -42,8 +42,9 @@ void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, 
 
 // One query head against Tk cached keys and values, each (Tk, hs): o = softmax(q kᵀ · scale) v.
 // Every filled slot, in slot order: the softmax and the weighted sum do not depend on the order.
-// Compiled for AVX-512, AVX2 + FMA and plain x86-64, picked at load time.
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+// Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time by CPU feature (not by
+// `arch=`, which tests for one vendor's model: an AMD CPU with AVX-512 got the plain variant).
+__attribute__((target_clones("avx512f", "fma", "default")))
 void attend(const float* __restrict q, const float* __restrict keys, const float* __restrict values, int64_t Tk,
             int64_t hs, float scale, float* __restrict p, float* __restrict o) {
   float max_score = -INFINITY;
@@ -79,7 +80,7 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache,
 
 void decode_attention(const float* in, float* kc, float* vc, float* out, int64_t B, int64_t block, int64_t hs,
                       int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
-                      double qk_norm_eps) {
+                      double qk_norm_eps, bool parallel) {
   // kc, vc: [b][kv head][position][hs]
   const int64_t width = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head;
   const int64_t slot = pos % block, Tk = std::min(pos + 1, block);  // the cache is a ring of `block` slots
@@ -97,7 +98,8 @@ void decode_attention(const float* in, float* kc, float* vc, float* out, int64_t
     }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Tk * hs));  // small work stays serial
+  const int64_t grain =  // small work stays serial
+      parallel ? std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Tk * hs)) : B * n_head;
   at::parallel_for(0, B * n_head, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> q(hs), p(Tk), normed(hs);
     for (int64_t bh = begin; bh < end; ++bh) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -22,9 +23,10 @@ constexpr int64_t kRowBlock = 4;          // output rows computed together: each
 constexpr int64_t kMinParallelMacs = 24576;  // below this a matrix-vector product stays on one thread
 
 // y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B.
-// w (rows, cols) row-major. Compiled for AVX-512, AVX2 + FMA and plain x86-64, picked at load time;
+// w (rows, cols) row-major. Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time
+// by CPU feature (as decode_attention.cpp);
 // four rows at a time in independent lanes (as dot.h), so each load of x feeds four FMAs.
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+__attribute__((target_clones("avx512f", "fma", "default")))
 void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
   const int64_t full = cols - cols % kLanes;
@@ -75,14 +77,15 @@ void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x
   }
 }
 
-// Calls f(r0, r1) over output rows [0, rows) split across the threads in whole row blocks. The
-// split depends only on `rows` and the thread count, so each thread reads the same weight rows at
-// every token and keeps them in its own cache. Small products stay on the calling thread: waking
-// the other costs more than it saves.
+// Calls f(r0, r1) over output rows [0, rows) split across the threads in whole row blocks (or on
+// the calling thread alone when !parallel). The split depends only on `rows` and the thread
+// count, so each thread reads the same weight rows at every token and keeps them in its own cache.
+// Small products stay on the calling thread: waking the other costs more than it saves.
 template <class F>
-void over_rows(int64_t rows, int64_t macs_per_row, const F& f) {
+void over_rows(bool parallel, int64_t rows, int64_t macs_per_row, const F& f) {
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  const int64_t grain = std::max<int64_t>(1, kMinParallelMacs / std::max<int64_t>(1, kRowBlock * macs_per_row));
+  const int64_t grain =
+      parallel ? std::max<int64_t>(1, kMinParallelMacs / std::max<int64_t>(1, kRowBlock * macs_per_row)) : blocks;
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     f(b0 * kRowBlock, std::min(rows, b1 * kRowBlock));
   });
@@ -216,6 +219,8 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
     cache.k.assign(config_.n_layer, torch::Tensor());
     cache.v.assign(config_.n_layer, torch::Tensor());
   }
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool parallel = threads_.use_threads();
   const int64_t C = C_, H = hidden_;
   x_.resize(B * C);
   xn_.resize(B * C);
@@ -240,15 +245,15 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
     ensure_cache(cache.v[i], B, pos);
     // x + attn(ln_1(x))
     for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_1_w, l.ln_1_b, xn + b * C);
-    over_rows(qkv_width_, B * C, [&](int64_t r0, int64_t r1) {
+    over_rows(parallel, qkv_width_, B * C, [&](int64_t r0, int64_t r1) {
       matvec_rows(l.qkv_w, xn, C, B, C, r0, r1, qkv, qkv_width_, false);
       if (l.qkv_b)
         for (int64_t b = 0; b < B; ++b)
           for (int64_t r = r0; r < r1; ++r) qkv[b * qkv_width_ + r] += l.qkv_b[r];
     });
     decode_attention(qkv, cache.k[i].data_ptr<float>(), cache.v[i].data_ptr<float>(), att, B, block, hs_, pos,
-                     config_.n_head, nkv_, cos2, sin2, qk_eps);
-    over_rows(C, B * C, [&](int64_t r0, int64_t r1) {
+                     config_.n_head, nkv_, cos2, sin2, qk_eps, parallel);
+    over_rows(parallel, C, B * C, [&](int64_t r0, int64_t r1) {
       matvec_rows(l.o_w, att, C, B, C, r0, r1, x, C, /*accumulate=*/true);  // the residual add, in place
       if (l.o_b)
         for (int64_t b = 0; b < B; ++b)
@@ -257,7 +262,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
     // x + mlp(ln_2(x)); the activation on each thread's own rows, right after it computed them.
     for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_2_w, l.ln_2_b, xn + b * C);
     const bool gated = activation_ == Activation::swiglu;
-    over_rows(H, B * C * (gated ? 2 : 1), [&](int64_t r0, int64_t r1) {
+    over_rows(parallel, H, B * C * (gated ? 2 : 1), [&](int64_t r0, int64_t r1) {
       matvec_rows(l.fc_w, xn, C, B, C, r0, r1, hid, fc_out_, false);
       if (gated) matvec_rows(l.fc_w + H * C, xn, C, B, C, r0, r1, hid + H, fc_out_, false);  // the up half
       for (int64_t b = 0; b < B; ++b) {
@@ -275,7 +280,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
         }
       }
     });
-    over_rows(C, B * H, [&](int64_t r0, int64_t r1) {
+    over_rows(parallel, C, B * H, [&](int64_t r0, int64_t r1) {
       matvec_rows(l.proj_w, hid, fc_out_, B, H, r0, r1, x, C, /*accumulate=*/true);
       if (l.proj_b)
         for (int64_t b = 0; b < B; ++b)
@@ -287,14 +292,31 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   auto logits = torch::empty({B, V}, torch::kFloat);  // (B, V)
   float* out = logits.data_ptr<float>();
   const float cap = static_cast<float>(config_.logit_softcap);
-  over_rows(V, B * C, [&](int64_t r0, int64_t r1) {
+  over_rows(parallel, V, B * C, [&](int64_t r0, int64_t r1) {
     matvec_rows(head_, xn, C, B, C, r0, r1, out, V, false);
     if (cap > 0)  // as GPT::head: cap * tanh(logits / cap)
       for (int64_t b = 0; b < B; ++b)
         for (int64_t r = r0; r < r1; ++r) out[b * V + r] = std::tanh(out[b * V + r] / cap) * cap;
   });
   cache.len = pos + 1;
+  threads_.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return logits;
+}
+
+bool Decoder::ThreadChoice::use_threads() const {
+  if (at::get_num_threads() < 2) return false;
+  const int64_t phase = steps % kPeriod;
+  return phase < kTrial ? phase % 2 == 0 : parallel;  // trials alternate, so both see the same positions
+}
+
+void Decoder::ThreadChoice::record(bool threaded, double seconds) {
+  const int64_t phase = steps++ % kPeriod;
+  if (phase >= kTrial) return;
+  trial_seconds[threaded] += seconds;
+  if (phase == kTrial - 1) {
+    parallel = trial_seconds[1] < trial_seconds[0];
+    trial_seconds[0] = trial_seconds[1] = 0.0;
+  }
 }
 
 }  // namespace nanogpt::model

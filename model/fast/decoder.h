@@ -60,6 +60,21 @@ class Decoder {
   torch::Tensor sinusoid_;        // (block_size, C), sinusoidal positions only
   std::unique_ptr<Rope> rope_;    // RoPE only: its own tables, the same values as the model's
   std::vector<float> x_, xn_, qkv_, att_, hidden_buf_;  // per-token scratch, sized for B rows
+
+  // Whether to split the products over LibTorch's threads, by measurement: every kPeriod tokens,
+  // kTrial tokens alternate between one thread and all, and the faster way is kept until the next
+  // trial. On a quiet machine the threads win; on a busy one each of the ~20 parallel regions per
+  // token can wait a scheduler time slice for a thread that lost its core (measured: 2 threads
+  // ran the CPU-preset model 10x slower than one while two builds shared the machine). The logits
+  // do not depend on the choice: each row and head is computed the same way on any thread.
+  struct ThreadChoice {
+    static constexpr int64_t kPeriod = 2048, kTrial = 8;  // short trials: a lost one costs a few stalls
+    int64_t steps = 0;
+    bool parallel = true;
+    double trial_seconds[2] = {0.0, 0.0};  // [one thread, all threads] over the current trial
+    bool use_threads() const;
+    void record(bool threaded, double seconds);
+  } threads_;
 };
 
 }  // namespace nanogpt::model
