@@ -311,11 +311,19 @@ bool Decoder::ThreadChoice::use_threads() const {
 
 void Decoder::ThreadChoice::record(bool threaded, double seconds) {
   const int64_t phase = steps++ % kPeriod;
-  if (phase >= kTrial) return;
-  trial_seconds[threaded] += seconds;
-  if (phase == kTrial - 1) {
-    parallel = trial_seconds[1] < trial_seconds[0];
-    trial_seconds[0] = trial_seconds[1] = 0.0;
+  if (phase < kTrial) {
+    trial_seconds[threaded] += seconds;
+    if (phase == kTrial - 1) {
+      serial_mean = trial_seconds[0] / (kTrial / 2);
+      parallel_mean = trial_seconds[1] / (kTrial / 2);
+      parallel = parallel_mean < serial_mean;
+      trial_seconds[0] = trial_seconds[1] = 0.0;
+    }
+  } else if (threaded) {
+    // One stall of a time slice lifts the mean past one thread's at once; the 10% margin leaves
+    // room for the attention's cost growing with the position since the trial.
+    parallel_mean = 0.9 * parallel_mean + 0.1 * seconds;
+    if (parallel_mean > 1.1 * serial_mean) parallel = false;
   }
 }
 

@@ -62,16 +62,20 @@ class Decoder {
   std::vector<float> x_, xn_, qkv_, att_, hidden_buf_;  // per-token scratch, sized for B rows
 
   // Whether to split the products over LibTorch's threads, by measurement: every kPeriod tokens,
-  // kTrial tokens alternate between one thread and all, and the faster way is kept until the next
-  // trial. On a quiet machine the threads win; on a busy one each of the ~20 parallel regions per
-  // token can wait a scheduler time slice for a thread that lost its core (measured: 2 threads
-  // ran the CPU-preset model 10x slower than one while two builds shared the machine). The logits
-  // do not depend on the choice: each row and head is computed the same way on any thread.
+  // kTrial tokens alternate between one thread and all, and the faster way is kept; while the
+  // threads are kept, a running mean of their time per token that grows past the one-thread
+  // trial's mean switches back to one thread at once. On a quiet machine the threads win; on a busy
+  // one each of the ~20 parallel regions per token can wait a scheduler time slice for a thread that
+  // lost its core (measured: 2 threads ran the CPU-preset model 10-100x slower than one while two
+  // builds shared the machine). The logits do not depend on the choice: each row and head is
+  // computed the same way on any thread.
   struct ThreadChoice {
     static constexpr int64_t kPeriod = 2048, kTrial = 8;  // short trials: a lost one costs a few stalls
     int64_t steps = 0;
     bool parallel = true;
     double trial_seconds[2] = {0.0, 0.0};  // [one thread, all threads] over the current trial
+    double serial_mean = 0.0;              // seconds per token on one thread, at the last trial
+    double parallel_mean = 0.0;            // running mean of seconds per token on all threads
     bool use_threads() const;
     void record(bool threaded, double seconds);
   } threads_;
