@@ -46,14 +46,16 @@ class ContextRunner {
       : model_(model),
         cache_(model->make_cache()),
         block_(model->config().block_size),
-        sliding_(!exact_window && model->config().pos_encoding == "rope") {
-    if (fast_decoder && decoder_supports(*model)) decoder_ = std::make_unique<Decoder>(*model);
-  }
+        sliding_(!exact_window && model->config().pos_encoding == "rope"),
+        fast_decoder_(fast_decoder) {}
 
   torch::Tensor next_logits(const torch::Tensor& seq, int64_t step) {
     const int64_t total = seq.size(1);
     torch::Tensor logits;
     if (primed_ && (sliding_ || total <= block_)) {
+      // Packed at the first one-token step, not before: a single new token needs no decoder.
+      if (fast_decoder_ && !decoder_ && decoder_supports(*model_)) decoder_ = std::make_unique<Decoder>(*model_);
+      fast_decoder_ = decoder_ != nullptr;
       logits = decoder_ ? decoder_->step(seq.select(1, total - 1), cache_)        // (B, V)
                         : model_->forward_cached(seq.narrow(1, total - 1, 1), cache_);
     } else {  // the first step, or a window that moved: (re)fill the cache with the whole window
@@ -103,6 +105,7 @@ class ContextRunner {
   KVCache cache_;
   int64_t block_;
   bool sliding_;
+  bool fast_decoder_;  // wanted, and not yet found unsupported
   bool primed_ = false;
 };
 

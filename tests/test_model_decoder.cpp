@@ -90,9 +90,9 @@ TEST(Decoder, LogitsAndCacheEqualTheGeneralPathAcrossTheSwitches) {
   for (const auto& [name, tweak] : variants()) {
     ModelConfig c = tiny_config();
     tweak(c);
-    // ctest runs with one thread; the wide model's products split over two here (on half the steps:
-    // the decoder's trials alternate between one thread and all).
-    at::set_num_threads(name == "wide" ? 2 : 1);
+    // ctest runs with one thread; the wide model's products split over two here, in the decoder only
+    // (on half the first steps: its trials alternate between one thread and all).
+    const int threads = name == "wide" ? 2 : 1;
     GPT model = perturbed_model(c);
     ASSERT_TRUE(decoder_supports(*model)) << name;
     Decoder decoder(*model);
@@ -107,9 +107,11 @@ TEST(Decoder, LogitsAndCacheEqualTheGeneralPathAcrossTheSwitches) {
         const std::string what = name + ", B " + std::to_string(B) + ", position " + std::to_string(prompt + s);
         auto next = tokens.select(1, prompt + s);                        // (B,)
         auto want = model->forward_cached(next.unsqueeze(1), general);  // (B, V)
-        auto got = decoder.step(next, fast);                             // (B, V)
+        at::set_num_threads(threads);
+        auto got = decoder.step(next, fast);  // (B, V)
         // A cache filled by either path goes on with the other.
         auto alternating = s % 2 ? decoder.step(next, mixed) : model->forward_cached(next.unsqueeze(1), mixed);
+        at::set_num_threads(1);
         ASSERT_EQ(got.sizes(), want.sizes()) << what;
         expect_close(got, want, what);
         expect_close(alternating, want, what + " (alternating)");
