@@ -194,7 +194,8 @@ void Decoder::ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const {
     return;
   const int64_t filled = std::min(start, block);  // slots holding earlier positions
   if (filled > 0 && !(t.defined() && t.dim() == 4 && t.size(0) == B))
-    throw std::invalid_argument(fmt::format("[model] the KV cache holds {} positions but not for a batch of {}", start, B));
+    throw std::invalid_argument(fmt::format(
+        "[model] the KV cache holds {} positions but not for a batch of {} (clear it, or keep the batch size)", start, B));
   auto buffer = torch::empty({B, nkv_, block, hs_}, torch::kFloat);  // (B, nkv, block, hs)
   if (filled > 0) buffer.narrow(2, 0, filled).copy_(t.narrow(2, 0, filled));
   t = buffer;
