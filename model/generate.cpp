@@ -8,7 +8,10 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <memory>
 #include <utility>
+
+#include "model/fast/decoder.h"
 
 namespace nanogpt::model {
 namespace {
@@ -35,20 +38,26 @@ class SamplingMode {
 // The logits of the next token of each row of `seq` (B, total) from the last block_size tokens,
 // through the KV cache: one new position on top of the cache while that is what a recompute
 // would see (within block_size; past it with RoPE's sliding window unless `exact_window`), else a
-// prefill of the window.
+// prefill of the window. One new position on the CPU in fp32 goes through the hand-written decoder
+// (model/fast/decoder.h) unless `fast_decoder` is off; prefills always take the general path.
 class ContextRunner {
  public:
-  ContextRunner(GPT& model, bool exact_window)
+  ContextRunner(GPT& model, bool exact_window, bool fast_decoder)
       : model_(model),
         cache_(model->make_cache()),
         block_(model->config().block_size),
-        sliding_(!exact_window && model->config().pos_encoding == "rope") {}
+        sliding_(!exact_window && model->config().pos_encoding == "rope"),
+        fast_decoder_(fast_decoder) {}
 
   torch::Tensor next_logits(const torch::Tensor& seq, int64_t step) {
     const int64_t total = seq.size(1);
     torch::Tensor logits;
     if (primed_ && (sliding_ || total <= block_)) {
-      logits = model_->forward_cached(seq.narrow(1, total - 1, 1), cache_);  // (B, V)
+      // Packed at the first one-token step, not before: a single new token needs no decoder.
+      if (fast_decoder_ && !decoder_ && decoder_supports(*model_)) decoder_ = std::make_unique<Decoder>(*model_);
+      fast_decoder_ = decoder_ != nullptr;
+      logits = decoder_ ? decoder_->step(seq.select(1, total - 1), cache_)        // (B, V)
+                        : model_->forward_cached(seq.narrow(1, total - 1, 1), cache_);
     } else {  // the first step, or a window that moved: (re)fill the cache with the whole window
       cache_.clear();
       logits = model_->forward_cached(window(seq), cache_);
@@ -75,7 +84,7 @@ class ContextRunner {
     return seq.narrow(1, start, seq.size(1) - start);
   }
   static torch::Tensor checked(const torch::Tensor& logits, int64_t step) {
-    if (!torch::isfinite(logits).all().item<bool>())
+    if (!all_finite(logits))
       throw std::runtime_error(fmt::format(
           "[sample] the model gave non-finite logits (NaN or inf) for new token {}: its weights are damaged or "
           "training diverged (check the run's val loss; sample an earlier checkpoint)",
@@ -83,10 +92,20 @@ class ContextRunner {
     return logits;
   }
 
+  // The same as torch::isfinite(logits).all(), as a loop over a CPU fp32 tensor: three kernels fewer per token.
+  static bool all_finite(const torch::Tensor& logits) {
+    if (!logits.device().is_cpu() || logits.scalar_type() != torch::kFloat || !logits.is_contiguous())
+      return torch::isfinite(logits).all().item<bool>();
+    const float* p = logits.data_ptr<float>();
+    return std::all_of(p, p + logits.numel(), [](float v) { return std::isfinite(v); });
+  }
+
   GPT& model_;
+  std::unique_ptr<Decoder> decoder_;  // null: the general path for every step
   KVCache cache_;
   int64_t block_;
   bool sliding_;
+  bool fast_decoder_;  // wanted, and not yet found unsupported
   bool primed_ = false;
 };
 
@@ -118,23 +137,33 @@ torch::Tensor filtered_probs(const torch::Tensor& logits, const SamplingOptions&
   return probs;
 }
 
-int64_t draw_token(const torch::Tensor& probs, std::mt19937_64& rng) {
-  auto p = probs.to(torch::kCPU, torch::kDouble).contiguous();
-  const double* data = p.data_ptr<double>();
-  const int64_t V = p.numel();
+namespace {
+
+// Inverse CDF over p[0 .. V) in double precision (fp32 inputs are widened exactly, as by .to(kDouble)).
+template <class T>
+int64_t draw_from(const T* p, int64_t V, std::mt19937_64& rng) {
   double total = 0.0;
-  for (int64_t i = 0; i < V; ++i) total += data[i];
+  for (int64_t i = 0; i < V; ++i) total += static_cast<double>(p[i]);
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng) * total;
   double cumulative = 0.0;
   int64_t last_nonzero = -1;
   for (int64_t i = 0; i < V; ++i) {
-    if (data[i] <= 0.0) continue;
-    cumulative += data[i];
+    if (p[i] <= 0) continue;
+    cumulative += static_cast<double>(p[i]);
     last_nonzero = i;
     if (u < cumulative) return i;
   }
   if (last_nonzero < 0) throw std::runtime_error("[sample] all probabilities are zero (non-finite logits?)");
   return last_nonzero;  // u landed on the rounding slack at the very end
+}
+
+}  // namespace
+
+int64_t draw_token(const torch::Tensor& probs, std::mt19937_64& rng) {
+  if (probs.device().is_cpu() && probs.scalar_type() == torch::kFloat && probs.is_contiguous())
+    return draw_from(probs.data_ptr<float>(), probs.numel(), rng);  // sampling's case: no copy per token
+  auto p = probs.to(torch::kCPU, torch::kDouble).contiguous();
+  return draw_from(p.data_ptr<double>(), p.numel(), rng);
 }
 
 void SamplingOptions::validate() const {
@@ -160,7 +189,7 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t
     std::copy(prompt.begin(), prompt.end(), seq[b].data_ptr<int64_t>());
   auto on_device = seq.to(device);  // mirrors `seq`; new tokens are written into both
 
-  ContextRunner runner(model, options.exact_window);
+  ContextRunner runner(model, options.exact_window, options.fast_decoder);
   std::vector<int64_t> new_tokens(batch);
   int64_t total = P;
   for (int64_t step = 0; step < max_new_tokens; ++step, ++total) {
@@ -193,7 +222,7 @@ std::vector<Beam> beam_search(GPT& model, const std::vector<int64_t>& prompt, in
   c10::InferenceMode inference;
   SamplingMode sampling(model);
   const auto device = model->parameters().front().device();
-  ContextRunner runner(model, options.exact_window);
+  ContextRunner runner(model, options.exact_window, options.fast_decoder);
   std::vector<Beam> active{Beam{prompt, 0.0, 0}}, done;
   for (int64_t step = 0; step < max_new_tokens && !active.empty(); ++step) {
     const int64_t K = static_cast<int64_t>(active.size()), total = static_cast<int64_t>(active[0].tokens.size());

@@ -33,6 +33,7 @@ struct SamplingOptions {
   double top_p = 1.0;        // keep the smallest set whose probability reaches top_p; 1 = off
   bool use_cache = true;     // KV cache (fast) or full recompute (nanoGPT's sample.py)
   bool exact_window = false; // RoPE past block_size: recompute the last block_size tokens instead of sliding
+  bool fast_decoder = true;  // one new token on the CPU in fp32: model/fast/decoder.h; false = the general path (the reference)
 
   /// Throws std::invalid_argument ("[sample] ...") naming the first bad field.
   void validate() const;
@@ -72,6 +73,7 @@ struct BeamOptions {
   int64_t width = 4;              // beams kept at every step; 1 = greedy
   bool length_normalize = false;  // rank finished beams by mean log-probability per token
   bool exact_window = false;      // as SamplingOptions::exact_window
+  bool fast_decoder = true;       // as SamplingOptions::fast_decoder
 };
 
 /// Beam search: at every step each of the `width` best partial sequences is extended by every

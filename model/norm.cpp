@@ -9,10 +9,10 @@ NormImpl::NormImpl(const std::string& kind, int64_t n_embd, bool bias) : rms_(ki
 }
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
-  if (!rms_) return torch::layer_norm(x, {n_embd_}, weight, bias, eps_);
+  if (!rms_) return torch::layer_norm(x, {n_embd_}, weight, bias, eps);
   // RMSNorm: x / sqrt(mean(x²) + eps) * weight, computed in fp32 for stability.
   auto xf = x.to(torch::kFloat);
-  auto inv_rms = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);  // (..., 1)
+  auto inv_rms = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);  // (..., 1)
   return (xf * inv_rms).to(x.scalar_type()) * weight;
 }
 

@@ -16,13 +16,14 @@ class NormImpl : public torch::nn::Module {
   /// x (..., C) -> (..., C), same dtype as x's computation under autocast.
   torch::Tensor forward(const torch::Tensor& x);
 
+  static constexpr double eps = 1e-5;  // added to the variance (layernorm) or the mean square (rmsnorm)
+
   torch::Tensor weight;  // (C,) initialised to ones
   torch::Tensor bias;    // (C,) zeros, layernorm with bias only; undefined otherwise
 
  private:
   bool rms_;
   int64_t n_embd_;
-  double eps_ = 1e-5;
 };
 TORCH_MODULE(Norm);
 

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <vector>
 
+#include "model/fast/dot.h"
+
 namespace nanogpt::model {
 namespace {
 
@@ -38,22 +40,50 @@ void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, 
   else std::copy(x, x + hs, out);
 }
 
+// One query head against Tk cached keys and values, each (Tk, hs): o = softmax(q kᵀ · scale) v.
+// Every filled slot, in slot order: the softmax and the weighted sum do not depend on the order.
+// Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time by CPU feature (not by
+// `arch=`, which tests for one vendor's model: an AMD CPU with AVX-512 got the plain variant).
+__attribute__((target_clones("avx512f", "fma", "default")))
+void attend(const float* __restrict q, const float* __restrict keys, const float* __restrict values, int64_t Tk,
+            int64_t hs, float scale, float* __restrict p, float* __restrict o) {
+  float max_score = -INFINITY;
+  for (int64_t t = 0; t < Tk; ++t) {
+    p[t] = dot(q, keys + t * hs, hs) * scale;
+    max_score = std::max(max_score, p[t]);
+  }
+  float total = 0.0f;
+  for (int64_t t = 0; t < Tk; ++t) total += (p[t] = std::exp(p[t] - max_score));
+  std::fill(o, o + hs, 0.0f);
+  for (int64_t t = 0; t < Tk; ++t) {
+    const float w = p[t] / total;
+    const float* v = values + t * hs;
+    for (int64_t d = 0; d < hs; ++d) o[d] += w * v[d];
+  }
+}
+
 }  // namespace
 
 torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t pos,
                                int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
                                double qk_norm_eps) {
   const int64_t B = qkv.size(0), block = k_cache.size(2), hs = k_cache.size(3);
-  const int64_t width = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head;
-  const int64_t slot = pos % block, Tk = std::min(pos + 1, block);  // the cache is a ring of `block` slots
+  const int64_t width = (n_head + 2 * n_kv_head) * hs;
   TORCH_CHECK(qkv.is_contiguous() && qkv.scalar_type() == torch::kFloat && qkv.size(1) == 1 && qkv.size(2) == width,
               "decode_attention: qkv must be contiguous fp32 (B, 1, (nh + 2 nkv) hs)");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && pos >= 0, "decode_attention: bad cache");
-  const float* in = qkv.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();  // [b][kv head][position][hs]
-  float* vc = v_cache.data_ptr<float>();
   auto y = torch::empty({B, 1, n_head * hs}, qkv.options());  // (B, 1, nh hs)
-  float* out = y.data_ptr<float>();
+  decode_attention(qkv.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), y.data_ptr<float>(), B,
+                   block, hs, pos, n_head, n_kv_head, rope_cos2, rope_sin2, qk_norm_eps);
+  return y;
+}
+
+void decode_attention(const float* in, float* kc, float* vc, float* out, int64_t B, int64_t block, int64_t hs,
+                      int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
+                      double qk_norm_eps, bool parallel) {
+  // kc, vc: [b][kv head][position][hs]
+  const int64_t width = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head;
+  const int64_t slot = pos % block, Tk = std::min(pos + 1, block);  // the cache is a ring of `block` slots
 
   // The new key (rotated) and value go into the caches' slot for `pos`.
   std::vector<float> scratch(hs);
@@ -68,34 +98,19 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache,
     }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Tk * hs));  // small work stays serial
+  const int64_t grain =  // small work stays serial
+      parallel ? std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Tk * hs)) : B * n_head;
   at::parallel_for(0, B * n_head, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> q(hs), p(Tk), normed(hs);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / n_head, h = bh % n_head, j = h / group;  // query head h reads kv head j
       const float* q_in = in + b * width + h * hs;
       prepare(q_in, hs, qk_norm_eps, rope_cos2, rope_sin2, normed.data(), q.data());
-      // Every filled slot, in slot order: the softmax and the weighted sum do not depend on the order.
-      const float* keys = kc + (b * n_kv_head + j) * block * hs;    // (Tk, hs)
-      const float* values = vc + (b * n_kv_head + j) * block * hs;  // (Tk, hs)
-      float max_score = -INFINITY;
-      for (int64_t t = 0; t < Tk; ++t) {
-        float s = 0.0f;
-        for (int64_t d = 0; d < hs; ++d) s += q[d] * keys[t * hs + d];
-        p[t] = s * scale;
-        max_score = std::max(max_score, p[t]);
-      }
-      float total = 0.0f;
-      for (int64_t t = 0; t < Tk; ++t) total += (p[t] = std::exp(p[t] - max_score));
       float* o = out + b * n_head * hs + h * hs;
-      std::fill(o, o + hs, 0.0f);
-      for (int64_t t = 0; t < Tk; ++t) {
-        const float w = p[t] / total;
-        for (int64_t d = 0; d < hs; ++d) o[d] += w * values[t * hs + d];
-      }
+      attend(q.data(), kc + (b * n_kv_head + j) * block * hs, vc + (b * n_kv_head + j) * block * hs, Tk, hs, scale,
+             p.data(), o);
     }
   });
-  return y;
 }
 
 }  // namespace nanogpt::model

@@ -21,4 +21,11 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache,
                                int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
                                double qk_norm_eps = 0.0);
 
+/// The same on raw fp32 buffers, allocating nothing but a few head-sized scratch rows (for
+/// model/fast/decoder.h): qkv (B, (nh + 2 nkv) hs), k_cache and v_cache (B, nkv, block, hs), y (B, nh hs).
+/// `parallel` false keeps every head on the calling thread.
+void decode_attention(const float* qkv, float* k_cache, float* v_cache, float* y, int64_t B, int64_t block,
+                      int64_t head_size, int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2,
+                      const float* rope_sin2, double qk_norm_eps, bool parallel = true);
+
 }  // namespace nanogpt::model

@@ -1,0 +1,331 @@
+// One-token whole-model decoding on the CPU (see decoder.h).
+#include "model/fast/decoder.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "model/attention.h"
+#include "model/fast/decode_attention.h"
+#include "model/fast/dot.h"
+#include "model/norm.h"
+
+namespace nanogpt::model {
+namespace {
+
+constexpr int64_t kRowBlock = 4;          // output rows computed together: each x load feeds four FMAs
+constexpr int64_t kMinParallelMacs = 24576;  // below this a matrix-vector product stays on one thread
+
+// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B.
+// w (rows, cols) row-major. Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time
+// by CPU feature (as decode_attention.cpp);
+// four rows at a time in independent lanes (as dot.h), so each load of x feeds four FMAs.
+__attribute__((target_clones("avx512f", "fma", "default")))
+void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                 int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+  const int64_t full = cols - cols % kLanes;
+  int64_t r = r0;
+  for (; r + kRowBlock <= r1; r += kRowBlock) {
+    const float* w0 = w + r * cols;
+    const float* w1 = w0 + cols;
+    const float* w2 = w1 + cols;
+    const float* w3 = w2 + cols;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* xb = x + b * x_stride;
+      float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
+      for (int64_t i = 0; i < full; i += kLanes)
+        for (int64_t j = 0; j < kLanes; ++j) {
+          const float xv = xb[i + j];
+          a0[j] += w0[i + j] * xv;
+          a1[j] += w1[i + j] * xv;
+          a2[j] += w2[i + j] * xv;
+          a3[j] += w3[i + j] * xv;
+        }
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+      for (int64_t j = 0; j < kLanes; ++j) {
+        s0 += a0[j];
+        s1 += a1[j];
+        s2 += a2[j];
+        s3 += a3[j];
+      }
+      for (int64_t i = full; i < cols; ++i) {
+        s0 += w0[i] * xb[i];
+        s1 += w1[i] * xb[i];
+        s2 += w2[i] * xb[i];
+        s3 += w3[i] * xb[i];
+      }
+      float* yb = y + b * y_stride + r;
+      if (accumulate) {
+        yb[0] += s0, yb[1] += s1, yb[2] += s2, yb[3] += s3;
+      } else {
+        yb[0] = s0, yb[1] = s1, yb[2] = s2, yb[3] = s3;
+      }
+    }
+  }
+  for (; r < r1; ++r) {  // the last rows, fewer than a block
+    const float* wr = w + r * cols;
+    for (int64_t b = 0; b < B; ++b) {
+      const float s = dot(wr, x + b * x_stride, cols);
+      y[b * y_stride + r] = accumulate ? y[b * y_stride + r] + s : s;
+    }
+  }
+}
+
+// Calls f(r0, r1) over output rows [0, rows) split across the threads in whole row blocks (or on
+// the calling thread alone when !parallel). The split depends only on `rows` and the thread
+// count, so each thread reads the same weight rows at every token and keeps them in its own cache.
+// Small products stay on the calling thread: waking the other costs more than it saves.
+template <class F>
+void over_rows(bool parallel, int64_t rows, int64_t macs_per_row, const F& f) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  const int64_t grain =
+      parallel ? std::max<int64_t>(1, kMinParallelMacs / std::max<int64_t>(1, kRowBlock * macs_per_row)) : blocks;
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    f(b0 * kRowBlock, std::min(rows, b1 * kRowBlock));
+  });
+}
+
+float gelu(float v) { return 0.5f * v * (1.0f + std::erf(v * static_cast<float>(M_SQRT1_2))); }  // exact, like torch::gelu
+float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+}  // namespace
+
+bool decoder_supports(const GPTImpl& model) {
+  if (model.is_training() || torch::GradMode::is_enabled() || at::autocast::is_autocast_enabled(at::kCPU)) return false;
+  for (const auto& p : model.parameters())
+    if (!p.device().is_cpu() || p.scalar_type() != torch::kFloat) return false;
+  return true;
+}
+
+Decoder::Decoder(GPTImpl& model)
+    : config_(model.config()),
+      C_(config_.n_embd),
+      hs_(config_.head_size()),
+      nkv_(config_.kv_heads()),
+      qkv_width_((config_.n_head + 2 * config_.kv_heads()) * config_.head_size()),
+      fc_out_(config_.mlp == "swiglu" ? 2 * config_.mlp_hidden() : config_.mlp_hidden()),
+      hidden_(config_.mlp_hidden()),
+      rms_(config_.norm == "rmsnorm"),
+      activation_(config_.mlp == "swiglu" ? Activation::swiglu
+                   : config_.mlp == "relu2" ? Activation::relu2
+                                            : Activation::gelu) {
+  if (!decoder_supports(model))
+    throw std::invalid_argument(
+        "[model] the hand-written decoder needs an fp32 model on the CPU in eval mode, without autograd or autocast");
+  torch::NoGradGuard no_grad;
+  lay_out(model);  // measures
+  packed_ = torch::empty({packed_size_}, torch::kFloat);
+  packed_size_ = 0;
+  lay_out(model);  // copies
+  if (config_.pos_encoding == "sinusoidal") sinusoid_ = sinusoidal_table(config_.block_size, C_);
+  if (config_.pos_encoding == "rope") rope_ = std::make_unique<Rope>(config_.block_size, hs_, config_.rope_base);
+}
+
+const float* Decoder::pack(const torch::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  const int64_t offset = packed_size_, n = t.numel();
+  packed_size_ += (n + kLanes - 1) / kLanes * kLanes;  // every matrix starts on a 64-byte line
+  if (!packed_.defined()) return nullptr;
+  float* dst = packed_.data_ptr<float>() + offset;
+  auto src = t.detach().to(torch::kFloat).contiguous();
+  std::copy(src.data_ptr<float>(), src.data_ptr<float>() + n, dst);
+  return dst;
+}
+
+void Decoder::lay_out(GPTImpl& model) {
+  const auto params = model.named_parameters();
+  auto get = [&](const std::string& name) {
+    const auto* t = params.find(name);
+    return t ? *t : torch::Tensor();
+  };
+  auto cat = [&](const std::string& prefix, const std::string& what) {  // [q; k; v] as the general path
+    auto q = get(prefix + "q_proj." + what);
+    return q.defined() ? torch::cat({q, get(prefix + "k_proj." + what), get(prefix + "v_proj." + what)}) : q;
+  };
+  wte_ = pack(get("wte.weight"));
+  wpe_ = pack(get("wpe.weight"));
+  layers_.assign(config_.n_layer, Layer{});
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    const std::string p = fmt::format("h.{}.", i);
+    Layer& l = layers_[i];
+    l.ln_1_w = pack(get(p + "ln_1.weight"));
+    l.ln_1_b = pack(get(p + "ln_1.bias"));
+    l.qkv_w = pack(cat(p + "attn.", "weight"));
+    l.qkv_b = pack(cat(p + "attn.", "bias"));
+    l.o_w = pack(get(p + "attn.c_proj.weight"));
+    l.o_b = pack(get(p + "attn.c_proj.bias"));
+    l.ln_2_w = pack(get(p + "ln_2.weight"));
+    l.ln_2_b = pack(get(p + "ln_2.bias"));
+    l.fc_w = pack(get(p + "mlp.c_fc.weight"));
+    l.fc_b = pack(get(p + "mlp.c_fc.bias"));
+    l.proj_w = pack(get(p + "mlp.c_proj.weight"));
+    l.proj_b = pack(get(p + "mlp.c_proj.bias"));
+  }
+  ln_f_w_ = pack(get("ln_f.weight"));
+  ln_f_b_ = pack(get("ln_f.bias"));
+  auto lm_head = get("lm_head.weight");
+  head_ = lm_head.defined() ? pack(lm_head) : wte_;  // tied: the head is wte
+}
+
+void Decoder::norm(const float* x, const float* w, const float* b, float* out) const {
+  const int64_t C = C_;
+  double mean = 0.0;
+  if (!rms_) {
+    for (int64_t i = 0; i < C; ++i) mean += x[i];
+    mean /= static_cast<double>(C);
+  }
+  double var = 0.0;  // layernorm: the biased variance; rmsnorm: the mean square
+  for (int64_t i = 0; i < C; ++i) var += (x[i] - mean) * (x[i] - mean);
+  const float inv = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + NormImpl::eps));
+  const float m = static_cast<float>(mean);
+  for (int64_t i = 0; i < C; ++i) out[i] = (x[i] - m) * inv * w[i] + (b ? b[i] : 0.0f);
+}
+
+void Decoder::ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const {
+  const int64_t block = config_.block_size;
+  if (t.defined() && t.dim() == 4 && t.size(0) == B && t.size(1) == nkv_ && t.size(2) == block && t.size(3) == hs_ &&
+      t.scalar_type() == torch::kFloat && t.device().is_cpu() && t.is_contiguous())
+    return;
+  const int64_t filled = std::min(start, block);  // slots holding earlier positions
+  if (filled > 0 && !(t.defined() && t.dim() == 4 && t.size(0) == B))
+    throw std::invalid_argument(fmt::format(
+        "[model] the KV cache holds {} positions but not for a batch of {} (clear it, or keep the batch size)", start, B));
+  auto buffer = torch::empty({B, nkv_, block, hs_}, torch::kFloat);  // (B, nkv, block, hs)
+  if (filled > 0) buffer.narrow(2, 0, filled).copy_(t.narrow(2, 0, filled));
+  t = buffer;
+}
+
+torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
+  if (tokens.dim() != 1 || tokens.size(0) < 1 || tokens.scalar_type() != torch::kLong || !tokens.device().is_cpu())
+    throw std::invalid_argument("[model] the decoder takes one int64 token per sequence on the CPU, (B,)");
+  const int64_t B = tokens.size(0), pos = cache.length(), block = config_.block_size, V = config_.vocab_size;
+  if (pos >= block && !rope_)
+    throw std::invalid_argument(fmt::format(
+        "[model] the KV cache holds {} positions and block_size is {}: learned and sinusoidal positions end at "
+        "block_size (clear the cache and recompute the window)",
+        pos, block));
+  auto ids = tokens.contiguous();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    if (id[b] < 0 || id[b] >= V)
+      throw std::invalid_argument(fmt::format("[model] token id {} is outside the vocabulary (0 .. {})", id[b], V - 1));
+  if (static_cast<int64_t>(cache.k.size()) != config_.n_layer) {
+    if (pos > 0) throw std::invalid_argument("[model] the KV cache was made for another model");
+    cache.k.assign(config_.n_layer, torch::Tensor());
+    cache.v.assign(config_.n_layer, torch::Tensor());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool parallel = threads_.use_threads();
+  const int64_t C = C_, H = hidden_;
+  x_.resize(B * C);
+  xn_.resize(B * C);
+  qkv_.resize(B * qkv_width_);
+  att_.resize(B * C);
+  hidden_buf_.resize(B * fc_out_);
+  float *x = x_.data(), *xn = xn_.data(), *qkv = qkv_.data(), *att = att_.data(), *hid = hidden_buf_.data();
+
+  // Embed: the token's row of wte plus the position's row of wpe or the sinusoidal table.
+  const float* pos_row = wpe_ ? wpe_ + pos * C : sinusoid_.defined() ? sinusoid_.data_ptr<float>() + pos * C : nullptr;
+  for (int64_t b = 0; b < B; ++b) {
+    const float* e = wte_ + id[b] * C;
+    for (int64_t i = 0; i < C; ++i) x[b * C + i] = pos_row ? e[i] + pos_row[i] : e[i];
+  }
+  const float* cos2 = rope_ ? rope_->cos2_row(pos) : nullptr;
+  const float* sin2 = rope_ ? rope_->sin2_row(pos) : nullptr;
+  const double qk_eps = config_.qk_norm ? CausalSelfAttentionImpl::qk_norm_eps : 0.0;
+
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    const Layer& l = layers_[i];
+    ensure_cache(cache.k[i], B, pos);
+    ensure_cache(cache.v[i], B, pos);
+    // x + attn(ln_1(x))
+    for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_1_w, l.ln_1_b, xn + b * C);
+    over_rows(parallel, qkv_width_, B * C, [&](int64_t r0, int64_t r1) {
+      matvec_rows(l.qkv_w, xn, C, B, C, r0, r1, qkv, qkv_width_, false);
+      if (l.qkv_b)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t r = r0; r < r1; ++r) qkv[b * qkv_width_ + r] += l.qkv_b[r];
+    });
+    decode_attention(qkv, cache.k[i].data_ptr<float>(), cache.v[i].data_ptr<float>(), att, B, block, hs_, pos,
+                     config_.n_head, nkv_, cos2, sin2, qk_eps, parallel);
+    over_rows(parallel, C, B * C, [&](int64_t r0, int64_t r1) {
+      matvec_rows(l.o_w, att, C, B, C, r0, r1, x, C, /*accumulate=*/true);  // the residual add, in place
+      if (l.o_b)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t r = r0; r < r1; ++r) x[b * C + r] += l.o_b[r];
+    });
+    // x + mlp(ln_2(x)); the activation on each thread's own rows, right after it computed them.
+    for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_2_w, l.ln_2_b, xn + b * C);
+    const bool gated = activation_ == Activation::swiglu;
+    over_rows(parallel, H, B * C * (gated ? 2 : 1), [&](int64_t r0, int64_t r1) {
+      matvec_rows(l.fc_w, xn, C, B, C, r0, r1, hid, fc_out_, false);
+      if (gated) matvec_rows(l.fc_w + H * C, xn, C, B, C, r0, r1, hid + H, fc_out_, false);  // the up half
+      for (int64_t b = 0; b < B; ++b) {
+        float* hb = hid + b * fc_out_;
+        if (l.fc_b) {
+          for (int64_t r = r0; r < r1; ++r) hb[r] += l.fc_b[r];
+          if (gated)
+            for (int64_t r = r0; r < r1; ++r) hb[H + r] += l.fc_b[H + r];
+        }
+        for (int64_t r = r0; r < r1; ++r) {
+          const float v = hb[r];
+          if (activation_ == Activation::gelu) hb[r] = gelu(v);
+          else if (activation_ == Activation::relu2) hb[r] = v > 0.0f ? v * v : 0.0f;
+          else hb[r] = silu(v) * hb[H + r];  // silu(gate) * up, into the gate's place
+        }
+      }
+    });
+    over_rows(parallel, C, B * H, [&](int64_t r0, int64_t r1) {
+      matvec_rows(l.proj_w, hid, fc_out_, B, H, r0, r1, x, C, /*accumulate=*/true);
+      if (l.proj_b)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t r = r0; r < r1; ++r) x[b * C + r] += l.proj_b[r];
+    });
+  }
+
+  for (int64_t b = 0; b < B; ++b) norm(x + b * C, ln_f_w_, ln_f_b_, xn + b * C);
+  auto logits = torch::empty({B, V}, torch::kFloat);  // (B, V)
+  float* out = logits.data_ptr<float>();
+  const float cap = static_cast<float>(config_.logit_softcap);
+  over_rows(parallel, V, B * C, [&](int64_t r0, int64_t r1) {
+    matvec_rows(head_, xn, C, B, C, r0, r1, out, V, false);
+    if (cap > 0)  // as GPT::head: cap * tanh(logits / cap)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t r = r0; r < r1; ++r) out[b * V + r] = std::tanh(out[b * V + r] / cap) * cap;
+  });
+  cache.len = pos + 1;
+  threads_.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return logits;
+}
+
+bool Decoder::ThreadChoice::use_threads() const {
+  if (at::get_num_threads() < 2) return false;
+  const int64_t phase = steps % kPeriod;
+  return phase < kTrial ? phase % 2 == 0 : parallel;  // trials alternate, so both see the same positions
+}
+
+void Decoder::ThreadChoice::record(bool threaded, double seconds) {
+  const int64_t phase = steps++ % kPeriod;
+  if (phase < kTrial) {
+    trial_seconds[threaded] += seconds;
+    if (phase == kTrial - 1) {
+      serial_mean = trial_seconds[0] / (kTrial / 2);
+      parallel_mean = trial_seconds[1] / (kTrial / 2);
+      parallel = parallel_mean < serial_mean;
+      trial_seconds[0] = trial_seconds[1] = 0.0;
+    }
+  } else if (threaded) {
+    // One stall of a time slice lifts the mean past one thread's at once; the 10% margin leaves
+    // room for the attention's cost growing with the position since the trial.
+    parallel_mean = 0.9 * parallel_mean + 0.1 * seconds;
+    if (parallel_mean > 1.1 * serial_mean) parallel = false;
+  }
+}
+
+}  // namespace nanogpt::model

@@ -1,0 +1,85 @@
+// The whole model's forward for one new token per sequence, on the CPU in fp32, as hand-written
+// loops over one packed copy of the weights. Sampling the CPU-preset model through LibTorch ran
+// ~60 small kernels per token (norms, matrix-vector products, adds, the activation), each a few
+// microseconds of dispatch for a few thousand flops: most of the time per token was dispatch. Here
+// a token is embedded, run through every block and the head with raw pointers: vectorised
+// matrix-vector products split by output rows over the threads (each thread always gets the same
+// rows, so its share of the weights stays in its own cache), norms and residual adds in place, no
+// tensor allocated but the logits. The general path (GPT::forward_cached) stays the reference;
+// tests/test_model_decoder.cpp holds the two equal across the architecture's switches.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/gpt.h"
+#include "model/kv_cache.h"
+#include "model/positions.h"
+
+namespace nanogpt::model {
+
+/// Whether Decoder can run `model` as it is now: parameters on the CPU in fp32, eval mode, and no
+/// CPU autocast active (under autocast the general path computes in bf16, which this does not).
+bool decoder_supports(const GPTImpl& model);
+
+class Decoder {
+ public:
+  /// Packs a copy of `model`'s weights: build it after the last weight change (one per sampling
+  /// call). Throws std::invalid_argument ("[model] ...") when !decoder_supports(model).
+  explicit Decoder(GPTImpl& model);
+
+  /// tokens (B,) int64 on the CPU: one new token per sequence, at position cache.length(). Appends
+  /// their keys and values to `cache` exactly as GPT::forward_cached does (the same ring layout, so
+  /// a cache filled by one continues with the other) and returns the logits of the new tokens,
+  /// (B, V) fp32, as forward_cached would. Past block_size only with RoPE (the sliding window).
+  /// Throws std::invalid_argument ("[model] ...") for a token id outside the vocabulary or a
+  /// position the model cannot take.
+  torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
+
+ private:
+  struct Layer {  // pointers into packed_; biases nullptr when the model has none
+    const float *ln_1_w, *ln_1_b, *qkv_w, *qkv_b, *o_w, *o_b, *ln_2_w, *ln_2_b, *fc_w, *fc_b, *proj_w, *proj_b;
+  };
+  /// Walks the model's weights in a fixed order through pack(): once to measure, once to copy.
+  void lay_out(GPTImpl& model);
+  const float* pack(const torch::Tensor& t);  // its copy in packed_; nullptr while measuring or for an undefined t
+  void norm(const float* x, const float* w, const float* b, float* out) const;  // one row of C
+  /// Makes cache layer tensors (B, nkv, block, hs) fp32 contiguous, keeping the filled slots.
+  void ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const;
+
+  ModelConfig config_;
+  int64_t C_, hs_, nkv_, qkv_width_, fc_out_, hidden_;
+  bool rms_;
+  enum class Activation { gelu, relu2, swiglu } activation_;
+  torch::Tensor packed_;  // every weight the decoder reads, fp32, one allocation
+  int64_t packed_size_ = 0;  // floats placed so far by pack()
+  std::vector<Layer> layers_;
+  const float *wte_ = nullptr, *wpe_ = nullptr, *ln_f_w_ = nullptr, *ln_f_b_ = nullptr, *head_ = nullptr;
+  torch::Tensor sinusoid_;        // (block_size, C), sinusoidal positions only
+  std::unique_ptr<Rope> rope_;    // RoPE only: its own tables, the same values as the model's
+  std::vector<float> x_, xn_, qkv_, att_, hidden_buf_;  // per-token scratch, sized for B rows
+
+  // Whether to split the products over LibTorch's threads, by measurement: every kPeriod tokens,
+  // kTrial tokens alternate between one thread and all, and the faster way is kept; while the
+  // threads are kept, a running mean of their time per token that grows past the one-thread
+  // trial's mean switches back to one thread at once. On a quiet machine the threads win; on a busy
+  // one each of the ~20 parallel regions per token can wait a scheduler time slice for a thread that
+  // lost its core (measured: 2 threads ran the CPU-preset model 10-100x slower than one while two
+  // builds shared the machine). The logits do not depend on the choice: each row and head is
+  // computed the same way on any thread.
+  struct ThreadChoice {
+    static constexpr int64_t kPeriod = 2048, kTrial = 8;  // short trials: a lost one costs a few stalls
+    int64_t steps = 0;
+    bool parallel = true;
+    double trial_seconds[2] = {0.0, 0.0};  // [one thread, all threads] over the current trial
+    double serial_mean = 0.0;              // seconds per token on one thread, at the last trial
+    double parallel_mean = 0.0;            // running mean of seconds per token on all threads
+    bool use_threads() const;
+    void record(bool threaded, double seconds);
+  } threads_;
+};
+
+}  // namespace nanogpt::model
