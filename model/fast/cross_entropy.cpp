@@ -2,6 +2,7 @@
 #include "model/fast/cross_entropy.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -139,6 +140,7 @@ void loss_rows(const T* logits, const int64_t* targets, int64_t V, float inv_cou
 // The mean loss (fp32 scalar) and, with_grad, d(loss)/d(logits) (N, V) in the logits' dtype.
 std::pair<torch::Tensor, torch::Tensor> fused_forward(const torch::Tensor& logits_in, const torch::Tensor& targets_in,
                                                       bool with_grad) {
+  RECORD_FUNCTION("nanogpt::cross_entropy", std::vector<c10::IValue>());  // a row in bench --profile
   const auto logits = logits_in.contiguous();
   const auto targets = targets_in.contiguous();
   const int64_t N = logits.size(0), V = logits.size(1);
