@@ -6,6 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "model/fast/cross_entropy.h"
 #include "model/fast/linear.h"
 
 namespace nanogpt::model {
@@ -99,8 +100,8 @@ std::pair<torch::Tensor, torch::Tensor> GPTImpl::forward(const torch::Tensor& id
   }
   auto logits = head(x);  // (B, T, V)
   const int64_t V = logits.size(-1);
-  auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, V}).to(torch::kFloat),  // (B*T, V)
-                                                   targets.reshape({-1}));                     // (B*T,)
+  // fp32 loss from bf16 / fp16 logits; on the CPU one fused pass per row (model/fast/cross_entropy.h)
+  auto loss = cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}));  // (B*T, V), (B*T,) -> scalar
   return {logits, loss};
 }
 

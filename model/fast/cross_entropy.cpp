@@ -1,0 +1,220 @@
+// Fused CPU cross-entropy (see cross_entropy.h). Legend: N rows (B*T), V vocabulary.
+#include "model/fast/cross_entropy.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace nanogpt::model {
+namespace {
+
+constexpr int64_t kIgnoreIndex = -100;  // LibTorch's default ignore_index
+
+// The row loops are plain C++ that the compiler vectorises, built once per instruction set and
+// picked when the program loads: one binary runs AVX-512 or AVX2 code where the CPU has it (the
+// baseline x86-64 build would stop at SSE2, a quarter of AVX-512's width).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NANOGPT_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define NANOGPT_SIMD_CLONES
+#endif
+
+// exp(x) for x <= 0 within ~2 ulp, with no library call so that it vectorises: x = n ln2 + r with
+// |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial, 2^n built in the exponent bits. x is clamped at
+// -87.3 (2^n stays a normal float): exp(-87.3) ~ 1e-38 is far under any row sum it joins.
+inline float exp_nonpositive(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln2): 1.5 * 2^23 drops the fraction
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;      // x - n ln2, ln2 split so n * 0.693359375 is exact
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
+NANOGPT_SIMD_CLONES float max_of(const float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// e[i] = exp(x[i] - m), returns their sum; e may be x.
+NANOGPT_SIMD_CLONES float exp_shifted_sum(const float* x, float m, float* e, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = exp_nonpositive(x[i] - m);
+    e[i] = v;
+    sum += v;
+  }
+  return sum;
+}
+
+NANOGPT_SIMD_CLONES void bf16_to_float(const uint16_t* in, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(out + i, &bits, sizeof bits);
+  }
+}
+
+// out[i] = e[i] * scale rounded to the nearest bf16, ties to even, as c10::BFloat16 rounds (a NaN
+// from arithmetic is quiet: its top mantissa bit survives the rounding).
+NANOGPT_SIMD_CLONES void scale_to_bf16(const float* e, float scale, uint16_t* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = e[i] * scale;
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    out[i] = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+  }
+}
+
+NANOGPT_SIMD_CLONES void scale_to_float(const float* e, float scale, float* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = e[i] * scale;
+}
+
+// A row of logits as fp32: fp32 rows are read in place, bf16 and fp16 rows converted into buf.
+const float* load_row(const float* row, int64_t, float*) { return row; }
+const float* load_row(const c10::BFloat16* row, int64_t V, float* buf) {
+  bf16_to_float(reinterpret_cast<const uint16_t*>(row), buf, V);
+  return buf;
+}
+const float* load_row(const c10::Half* row, int64_t V, float* buf) {
+  for (int64_t v = 0; v < V; ++v) buf[v] = static_cast<float>(row[v]);
+  return buf;
+}
+
+void store_row(const float* e, float scale, float* out, int64_t V) { scale_to_float(e, scale, out, V); }
+void store_row(const float* e, float scale, c10::BFloat16* out, int64_t V) {
+  scale_to_bf16(e, scale, reinterpret_cast<uint16_t*>(out), V);
+}
+void store_row(const float* e, float scale, c10::Half* out, int64_t V) {
+  for (int64_t v = 0; v < V; ++v) out[v] = static_cast<c10::Half>(e[v] * scale);
+}
+
+// Rows [begin, end): row_loss[i] = logsumexp(x_i) - x_i[t_i] (0 for ignored rows) and, when grad
+// is given, grad_i = (softmax(x_i) - one_hot(t_i)) * inv_count (zero for ignored rows).
+template <typename T>
+void loss_rows(const T* logits, const int64_t* targets, int64_t V, float inv_count, int64_t begin, int64_t end,
+               float* row_loss, T* grad) {
+  std::vector<float> buf(static_cast<size_t>(V));  // (V,) fp32 row, then its exponentials
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t t = targets[i];
+    T* grad_row = grad ? grad + i * V : nullptr;
+    if (t == kIgnoreIndex) {
+      row_loss[i] = 0.0f;
+      if (grad_row) std::fill(grad_row, grad_row + V, static_cast<T>(0.0f));
+      continue;
+    }
+    const float* x = load_row(logits + i * V, V, buf.data());
+    const float x_t = x[t];                            // before buf turns into exponentials
+    const float m = max_of(x, V);                      // shift: exp never overflows
+    const float sum = exp_shifted_sum(x, m, buf.data(), V);  // buf = exp(x - m)
+    row_loss[i] = m + std::log(sum) - x_t;
+    if (!grad_row) continue;
+    const float scale = inv_count / sum;  // softmax / count in one multiply
+    store_row(buf.data(), scale, grad_row, V);
+    grad_row[t] = static_cast<T>(buf[t] * scale - inv_count);
+  }
+}
+
+// The mean loss (fp32 scalar) and, with_grad, d(loss)/d(logits) (N, V) in the logits' dtype.
+std::pair<torch::Tensor, torch::Tensor> fused_forward(const torch::Tensor& logits_in, const torch::Tensor& targets_in,
+                                                      bool with_grad) {
+  RECORD_FUNCTION("nanogpt::cross_entropy", std::vector<c10::IValue>());  // a row in bench --profile
+  const auto logits = logits_in.contiguous();
+  const auto targets = targets_in.contiguous();
+  const int64_t N = logits.size(0), V = logits.size(1);
+  const int64_t* target = targets.data_ptr<int64_t>();
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (target[i] == kIgnoreIndex) continue;
+    if (target[i] < 0 || target[i] >= V)
+      throw std::invalid_argument(fmt::format("[model] cross_entropy: target {} at row {} is outside [0, {}) "
+                                              "(and is not the ignore index {})", target[i], i, V, kIgnoreIndex));
+    ++count;
+  }
+  const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> row_loss(static_cast<size_t>(N));
+  torch::Tensor grad = with_grad ? torch::empty_like(logits) : torch::Tensor();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1));  // ~32k logits per task
+  const auto run = [&](auto* tag) {  // tag: the logits' element type (fused_cross_entropy_applies' three)
+    using scalar_t = std::remove_pointer_t<decltype(tag)>;
+    const scalar_t* x = logits.data_ptr<scalar_t>();
+    scalar_t* g = with_grad ? grad.data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+      loss_rows<scalar_t>(x, target, V, inv_count, begin, end, row_loss.data(), g);
+    });
+  };
+  if (logits.scalar_type() == torch::kFloat)
+    run(static_cast<float*>(nullptr));
+  else if (logits.scalar_type() == torch::kBFloat16)
+    run(static_cast<c10::BFloat16*>(nullptr));
+  else
+    run(static_cast<c10::Half*>(nullptr));
+  double total = 0.0;  // in row order: the same loss for any thread count
+  for (float l : row_loss) total += l;
+  const double mean = count > 0 ? total / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
+  return {torch::full({}, mean, logits.options().dtype(torch::kFloat)), grad};
+}
+
+// Autograd node: the gradient is made in the forward pass, backward scales it.
+struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets) {
+    auto [loss, grad] = fused_forward(logits, targets, true);
+    ctx->saved_data["grad"] = grad;
+    return loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto grad = ctx->saved_data["grad"].toTensor();  // (N, V)
+    const auto& upstream = grad_outputs[0];             // scalar
+    // loss.backward() (one micro-batch per step) sends exactly 1: no pass over the (N, V) gradient.
+    const bool one = upstream.device().is_cpu() && upstream.numel() == 1 && upstream.item<double>() == 1.0;
+    return {one ? grad : grad * upstream, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool fused_cross_entropy_applies(const torch::Tensor& logits) {
+  const auto dtype = logits.scalar_type();
+  return logits.device().is_cpu() && logits.layout() == torch::kStrided &&
+         (dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kHalf);
+}
+
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0) || logits.size(1) < 1)
+    throw std::invalid_argument(fmt::format("[model] cross_entropy wants logits (N, V) and targets (N,), got {} and {}",
+                                            c10::str(logits.sizes()), c10::str(targets.sizes())));
+  if (targets.scalar_type() != torch::kLong)
+    throw std::invalid_argument(fmt::format("[model] cross_entropy: targets must be int64, got {}",
+                                            c10::toString(targets.scalar_type())));
+  if (!fused_cross_entropy_applies(logits) || !targets.device().is_cpu())
+    return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), targets);  // fp32 loss, as on the CPU
+  if (torch::GradMode::is_enabled() && logits.requires_grad()) return FusedCrossEntropy::apply(logits, targets);
+  return fused_forward(logits, targets, false).first;
+}
+
+}  // namespace nanogpt::model

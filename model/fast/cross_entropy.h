@@ -1,0 +1,23 @@
+// Cross-entropy over a large vocabulary in one pass per row, on the CPU. The plain path (logits cast
+// to fp32, log_softmax, nll_loss; then in backward nll's, log_softmax's and the cast's gradients) reads
+// and writes the (N, V) logits about seven times; at the Tang poems preset (V = 7,443, N = 1,024) those
+// passes cost as much as the head's GEMM. Here each row's max, log-sum-exp, loss and gradient
+// (softmax - one_hot) / n come out of one visit while the row is in cache, the gradient written in the
+// logits' dtype (bf16 under autocast), and backward only scales it by the incoming gradient.
+// Other devices, and inputs this kernel does not take, go to LibTorch's cross_entropy.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace nanogpt::model {
+
+/// logits (N, V) fp32 / bf16 / fp16, targets (N,) int64 in [0, V) or -100 (ignored, as LibTorch's
+/// default ignore_index) -> the mean over the non-ignored rows of -log softmax(logits)[target], an
+/// fp32 scalar (NaN when every row is ignored, as LibTorch). Differentiable w.r.t. logits. Throws
+/// "[model] ..." on wrong shapes or a target out of range.
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets);
+
+/// Whether cross_entropy takes the fused CPU kernel for these logits (else LibTorch's cross_entropy).
+bool fused_cross_entropy_applies(const torch::Tensor& logits);
+
+}  // namespace nanogpt::model

@@ -1,0 +1,189 @@
+// The fused CPU cross-entropy (model/fast/cross_entropy.h) against LibTorch's plain path (logits cast
+// to fp32, cross_entropy, autograd): the loss and the gradients w.r.t. the logits and a small GPT's
+// parameters, in fp32 and bf16, for small and large vocabularies and row counts that do not divide
+// into the kernel's tasks; then where the fused path is taken and what it rejects.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "model/fast/cross_entropy.h"
+#include "model/gpt.h"
+#include "runtime/device.h"
+
+using namespace nanogpt::model;
+
+namespace {
+
+// The plain path GPT::forward took before the fused kernel.
+torch::Tensor reference_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), targets);
+}
+
+// Loss and d(loss * upstream)/d(logits) of `loss_fn` at these logits (a fresh leaf each time).
+std::pair<double, torch::Tensor> loss_and_grad(
+    const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& loss_fn,
+    const torch::Tensor& logits, const torch::Tensor& targets, double upstream = 1.0) {
+  auto leaf = logits.detach().clone().requires_grad_(true);
+  auto loss = loss_fn(leaf, targets);
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+  (loss * upstream).backward();
+  return {loss.item<double>(), leaf.grad()};
+}
+
+// Element-wise |actual - expected| <= rtol * (|expected| + max |expected|): relative to each element
+// and, for elements near zero, to the tensor's scale.
+void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, double rtol, const std::string& what) {
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const auto a = actual.to(torch::kDouble), e = expected.to(torch::kDouble);
+  const double scale = e.abs().max().item<double>();
+  const auto excess = ((a - e).abs() - rtol * (e.abs() + scale)).max().item<double>();
+  EXPECT_LE(excess, 0.0) << what << ": max |a - e| = " << (a - e).abs().max().item<double>() << ", scale " << scale;
+}
+
+// Logits spread like a trained model's (a few large, many small) and targets in [0, V).
+std::pair<torch::Tensor, torch::Tensor> random_batch(int64_t N, int64_t V, torch::ScalarType dtype) {
+  auto logits = (torch::randn({N, V}) * 3.0).to(dtype);
+  auto targets = torch::randint(V, {N}, torch::kLong);
+  return {logits, targets};
+}
+
+void check_against_reference(torch::ScalarType dtype, double rtol) {
+  torch::manual_seed(1);
+  for (int64_t V : {5, 300, 7443}) {
+    for (int64_t N : {1, 37, 1000}) {  // 37 and 1000: not multiples of the kernel's rows per task
+      const auto [logits, targets] = random_batch(N, V, dtype);
+      const std::string what = "V " + std::to_string(V) + ", N " + std::to_string(N);
+      const auto [loss, grad] = loss_and_grad(cross_entropy, logits, targets);
+      const auto [ref_loss, ref_grad] = loss_and_grad(reference_loss, logits, targets);
+      // The loss is fp32 arithmetic on the same inputs either way: fp32 agreement for bf16 logits too.
+      EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << what;
+      expect_close(grad, ref_grad, rtol, what);
+    }
+  }
+}
+
+}  // namespace
+
+TEST(CrossEntropy, MatchesLibTorchInFloat32) { check_against_reference(torch::kFloat, 1e-5); }
+
+TEST(CrossEntropy, MatchesLibTorchInBfloat16) { check_against_reference(torch::kBFloat16, 2e-2); }
+
+TEST(CrossEntropy, ScalesItsGradientByTheIncomingOne) {
+  torch::manual_seed(2);
+  const auto [logits, targets] = random_batch(19, 50, torch::kFloat);
+  const auto [loss, grad] = loss_and_grad(cross_entropy, logits, targets, 0.25);
+  const auto [ref_loss, ref_grad] = loss_and_grad(reference_loss, logits, targets, 0.25);
+  expect_close(grad, ref_grad, 1e-5, "upstream 0.25");
+}
+
+TEST(CrossEntropy, IgnoresTargetsOfMinus100AsLibTorchDoes) {
+  torch::manual_seed(3);
+  auto [logits, targets] = random_batch(23, 40, torch::kFloat);
+  targets.index_put_({torch::arange(0, 23, 4)}, -100);
+  const auto [loss, grad] = loss_and_grad(cross_entropy, logits, targets);
+  const auto [ref_loss, ref_grad] = loss_and_grad(reference_loss, logits, targets);
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss));
+  expect_close(grad, ref_grad, 1e-5, "ignored rows");
+  EXPECT_EQ(grad[0].abs().max().item<float>(), 0.0f);
+  // Every row ignored: NaN, as LibTorch's mean over no rows.
+  EXPECT_TRUE(std::isnan(cross_entropy(logits, torch::full({23}, -100, torch::kLong)).item<double>()));
+}
+
+TEST(CrossEntropy, EvaluationMatchesTrainingLoss) {
+  torch::manual_seed(4);
+  const auto [logits, targets] = random_batch(64, 7443, torch::kBFloat16);
+  torch::Tensor eval_loss;
+  {
+    torch::NoGradGuard no_grad;
+    eval_loss = cross_entropy(logits.clone().requires_grad_(true), targets);
+  }
+  EXPECT_FALSE(eval_loss.requires_grad());
+  EXPECT_EQ(eval_loss.item<float>(), loss_and_grad(cross_entropy, logits, targets).first);
+}
+
+TEST(CrossEntropy, RejectsBadShapesTypesAndTargets) {
+  const auto logits = torch::zeros({4, 6});
+  EXPECT_THROW(cross_entropy(logits, torch::tensor({0, 1, 2, 6}, torch::kLong)), std::invalid_argument);
+  EXPECT_THROW(cross_entropy(logits, torch::tensor({0, -1, 2, 3}, torch::kLong)), std::invalid_argument);
+  EXPECT_THROW(cross_entropy(logits, torch::tensor({0, 1, 2}, torch::kLong)), std::invalid_argument);
+  EXPECT_THROW(cross_entropy(logits, torch::tensor({0, 1, 2, 3}, torch::kInt)), std::invalid_argument);
+  EXPECT_THROW(cross_entropy(torch::zeros({2, 2, 6}), torch::zeros({4}, torch::kLong)), std::invalid_argument);
+  try {
+    cross_entropy(logits, torch::tensor({0, 1, 9, 3}, torch::kLong));
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[model]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("target 9 at row 2"), std::string::npos) << e.what();
+  }
+}
+
+// The fused kernel serves CPU logits in fp32 / bf16 / fp16; the rest (fp64, other devices: here the
+// meta device stands in for CUDA) keeps LibTorch's cross_entropy.
+TEST(CrossEntropy, FusedOnlyForCpuFloatLogits) {
+  EXPECT_TRUE(fused_cross_entropy_applies(torch::zeros({2, 3})));
+  EXPECT_TRUE(fused_cross_entropy_applies(torch::zeros({2, 3}, torch::kBFloat16)));
+  EXPECT_FALSE(fused_cross_entropy_applies(torch::zeros({2, 3}, torch::kDouble)));
+  EXPECT_FALSE(fused_cross_entropy_applies(torch::zeros({2, 3}, torch::device(torch::kMeta))));
+  const auto meta = cross_entropy(torch::zeros({2, 3}, torch::device(torch::kMeta)),
+                                  torch::zeros({2}, torch::TensorOptions().dtype(torch::kLong).device(torch::kMeta)));
+  EXPECT_TRUE(meta.device().is_meta());
+  auto logits = torch::randn({4, 6}).requires_grad_(true);
+  const auto targets = torch::tensor({0, 1, 2, 3}, torch::kLong);
+  EXPECT_NE(cross_entropy(logits, targets).grad_fn()->name().find("FusedCrossEntropy"), std::string::npos);
+  auto fp64 = torch::randn({4, 6}, torch::kDouble).requires_grad_(true);
+  EXPECT_EQ(cross_entropy(fp64, targets).grad_fn()->name().find("FusedCrossEntropy"), std::string::npos);
+}
+
+// A small GPT's loss and every parameter's gradient through the fused loss equal those through the
+// plain one, in fp32 and under bf16 autocast (where the CPU multiplies bf16 at all), with the head
+// tied to wte and with its own lm_head and soft-capped logits.
+TEST(CrossEntropy, GptGradientsMatchThePlainLoss) {
+  ModelConfig c;
+  c.vocab_size = 301;  // the head and the loss weigh more than at the other tests' 11 tokens
+  c.block_size = 16;
+  c.n_layer = c.n_head = 2;
+  c.n_embd = 32;
+  torch::manual_seed(6);
+  const auto idx = torch::randint(c.vocab_size, {3, 13}), targets = torch::randint(c.vocab_size, {3, 13});
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    if (dtype == torch::kBFloat16) {
+      try {
+        torch::ones({2, 2}, torch::kBFloat16).matmul(torch::ones({2, 2}, torch::kBFloat16));
+      } catch (const std::exception&) {
+        continue;  // this LibTorch has no CPU bf16 GEMM
+      }
+    }
+    for (const bool tied : {true, false}) {
+      c.tie_embeddings = tied;
+      c.logit_softcap = tied ? 0.0 : 15.0;
+      torch::manual_seed(5);
+      GPT model(c);
+      const auto grads = [&](bool fused) {
+        model->zero_grad();
+        torch::Tensor loss;
+        {
+          nanogpt::runtime::AutocastGuard autocast(torch::kCPU, dtype, dtype != torch::kFloat);
+          if (fused) {
+            loss = model->forward(idx, targets).second;
+          } else {
+            auto logits = model->logits(idx);  // (B, T, V)
+            loss = reference_loss(logits.reshape({-1, c.vocab_size}), targets.reshape({-1}));
+          }
+        }
+        loss.backward();
+        std::vector<torch::Tensor> out{loss.detach()};
+        for (const auto& p : model->parameters()) out.push_back(p.grad().clone());
+        return out;
+      };
+      const auto fused = grads(true), plain = grads(false);
+      const double rtol = dtype == torch::kFloat ? 1e-5 : 2e-2;
+      EXPECT_NEAR(fused[0].item<double>(), plain[0].item<double>(), 1e-5 * plain[0].item<double>());
+      const auto names = model->named_parameters().keys();
+      ASSERT_EQ(names.size() + 1, fused.size());
+      for (size_t i = 1; i < fused.size(); ++i) expect_close(fused[i], plain[i], rtol, names[i - 1]);
+    }
+  }
+}
