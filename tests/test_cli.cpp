@@ -206,13 +206,17 @@ TEST(Cli, OnlyAGpuRunLoadsLibTorchsCudaLibraries) {
 }
 
 // The nanogpt program starts LibTorch's OpenMP runtime with a short spin (cli/openmp_env.cpp), set
-// before the runtime reads it; a spin count or wait policy of the user's own is kept.
+// before the runtime reads it; a spin count or wait policy of the user's own is kept. Its log also
+// names the malloc in use.
 TEST(Cli, OpenMpStartsWithAShortSpinUnlessTheUserSetOne) {
   TempDir dir("cli_openmp_spin");
   const std::string config = write_config(dir.path);
   auto r = run("train " + config + " --max_iters=1 --eval_interval=100", dir.path);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("(OpenMP spin 1000)"), std::string::npos) << r.out;
+  // The malloc the build linked (runtime/host_memory.h): tcmalloc, or glibc's with its heap kept.
+  EXPECT_NE(r.out.find(NANOGPT_WITH_TCMALLOC ? "| malloc tcmalloc |" : "| malloc glibc (heap kept) |"), std::string::npos)
+      << r.out;
   const std::string mine = "GOMP_SPINCOUNT=123 " + std::string(NANOGPT_BINARY) + " train " + config +
                            " --max_iters=1 --eval_interval=100 --out_dir=" + dir.path + "/mine >" + dir.path +
                            "/mine.out 2>&1";

@@ -20,6 +20,7 @@
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "runtime/device.h"
+#include "runtime/host_memory.h"
 #include "train/logger.h"
 #include "io/metrics_csv.h"
 #include "runtime/peak_flops.h"
@@ -239,9 +240,10 @@ void Trainer::log_start() {
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   const std::string waits = policy ? fmt::format("OpenMP wait {}", policy)
                                    : fmt::format("OpenMP spin {}", spin ? spin : "default");
-  log_->info("[train] device {} | dtype {} | threads {} ({}) | {} layers, {} heads, {} embd, block {}, vocab {} | {} positions, {}",
-             device_.str(), config_.dtype, torch::get_num_threads(), waits, config_.model.n_layer, config_.model.n_head, config_.model.n_embd,
-             config_.model.block_size, vocab_.size(), config_.model.pos_encoding, config_.model.norm);
+  log_->info("[train] device {} | dtype {} | threads {} ({}) | malloc {} | {} layers, {} heads, {} embd, block {}, vocab {} | {} positions, {}",
+             device_.str(), config_.dtype, torch::get_num_threads(), waits, runtime::allocator_name(), config_.model.n_layer,
+             config_.model.n_head, config_.model.n_embd, config_.model.block_size, vocab_.size(), config_.model.pos_encoding,
+             config_.model.norm);
 }
 
 double Trainer::estimate_loss(const std::string& split) {
