@@ -81,6 +81,21 @@ TEST(ChunkedAttention, AMaskAppliedInPiecesIsTheWholeMask) {
   EXPECT_FALSE(torch::equal(apply_dropout_mask(x, 0.3, seed + 1, 0, torch::kFloat), whole));
 }
 
+// Every dtype pair the vectorised kernels handle gives what fp64 arithmetic with the same mask
+// gives, rounded once to the output dtype (bf16: to nearest even).
+TEST(ChunkedAttention, AMaskInEveryDtypeIsTheFp64MaskRoundedOnce) {
+  const uint64_t seed = 7;
+  auto x = torch::randn({3000}, torch::kDouble) * 100;
+  auto kept = apply_dropout_mask(torch::ones({3000}, torch::kDouble), 0.2, seed, 3, torch::kDouble);  // 0 or 1.25
+  for (const auto in : {torch::kFloat, torch::kBFloat16})
+    for (const auto out : {torch::kFloat, torch::kBFloat16}) {
+      auto xin = x.to(in);
+      auto expected = (xin.to(torch::kDouble) * kept).to(torch::kFloat).to(out);  // fp32 products, one rounding
+      EXPECT_TRUE(torch::equal(apply_dropout_mask(xin, 0.2, seed, 3, out), expected))
+          << torch::toString(in) << " -> " << torch::toString(out);
+    }
+}
+
 // `auto` trains with chunks where a layer's weights outgrow one chunk (here T = 256, 2 × 4 pairs of
 // 64K scores, 4 pairs per chunk) and with the whole math below that; chunked and math models agree
 // on the logits and every parameter's gradient with dropout on.

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <mutex>
 #include <type_traits>
@@ -20,22 +21,93 @@ inline uint64_t splitmix64(uint64_t z) {
 }
 
 // y = x * mask, where the mask of `seed` (see dropout.h) starts at global element `offset`. Each
-// 64-bit hash decides 4 consecutive global elements, so a chunk that starts mid-word still draws
-// exactly the values the whole tensor would.
+// 64-bit hash decides 4 consecutive global elements: its four 16-bit slices, in memory order, are
+// the elements' draws. A block first fills its hashes (64-bit multiplies, vectorised where the CPU has
+// them; by ISA, not CPU model: see decoder.cpp), then reads them as an array of 16-bit draws, one per element, in a loop the compiler
+// vectorises too. A chunk that starts mid-word still draws exactly the values the whole tensor would.
+// At the full preset these masks are 13 dropouts and 3 passes of attention weights per layer, 0.5 s
+// of a 2.4 s step as the scalar loop it replaces.
+
+constexpr int64_t kBlockWords = 1024;  // hashes per block: 8 KB, 4096 draws
+
+#define NANOGPT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+NANOGPT_CLONES void fill_hashes(uint64_t* __restrict h, int64_t first_word, int64_t n, uint64_t seed) {
+  for (int64_t k = 0; k < n; ++k) h[k] = splitmix64(seed + static_cast<uint64_t>(first_word + k + 1) * 0x9E3779B97F4A7C15ULL);
+}
+
+// bf16 travels as its raw 16 bits (uint16_t) through the vectorised loops: c10::BFloat16's
+// converting constructor branches on NaN and keeps GCC from vectorising.
+inline float load_float(float v) { return v; }
+inline float load_float(uint16_t bf16) {
+  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+inline void store(float v, float* out) { *out = v; }
+inline void store(float v, uint16_t* bf16) {  // round to nearest even, NaN stays NaN: branch-free
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;  // integer test: a float compare keeps GCC from if-converting
+  *bf16 = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
+}
+
+template <typename in_t, typename out_t>
+__attribute__((always_inline)) inline void scale_kept(const uint16_t* __restrict draw, const in_t* __restrict x,
+                                                      out_t* __restrict y, int64_t n, uint16_t threshold, float keep) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float factor = draw[i] >= threshold ? keep : 0.0f;  // x * mask, as the mask tensor it replaces
+    store(load_float(x[i]) * factor, y + i);
+  }
+}
+
+#define NANOGPT_SCALE_KEPT(in_t, out_t, name)                                                                  \
+  NANOGPT_CLONES void name(const uint16_t* draw, const in_t* x, out_t* y, int64_t n, uint16_t threshold, float keep) { \
+    scale_kept(draw, x, y, n, threshold, keep);                                                               \
+  }
+NANOGPT_SCALE_KEPT(float, float, scale_kept_f32_f32)
+NANOGPT_SCALE_KEPT(float, uint16_t, scale_kept_f32_bf16)
+NANOGPT_SCALE_KEPT(uint16_t, float, scale_kept_bf16_f32)
+NANOGPT_SCALE_KEPT(uint16_t, uint16_t, scale_kept_bf16_bf16)
+#undef NANOGPT_SCALE_KEPT
+
+inline const uint16_t* bits(const c10::BFloat16* p) { return reinterpret_cast<const uint16_t*>(p); }
+inline uint16_t* bits(c10::BFloat16* p) { return reinterpret_cast<uint16_t*>(p); }
+
+template <typename in_t, typename out_t>
+void scale_kept_any(const uint16_t* draw, const in_t* x, out_t* y, int64_t n, uint16_t threshold, double keep) {
+  if constexpr (std::is_same_v<in_t, float> && std::is_same_v<out_t, float>) {
+    scale_kept_f32_f32(draw, x, y, n, threshold, static_cast<float>(keep));
+  } else if constexpr (std::is_same_v<in_t, float> && std::is_same_v<out_t, c10::BFloat16>) {
+    scale_kept_f32_bf16(draw, x, bits(y), n, threshold, static_cast<float>(keep));
+  } else if constexpr (std::is_same_v<in_t, c10::BFloat16> && std::is_same_v<out_t, float>) {
+    scale_kept_bf16_f32(draw, bits(x), y, n, threshold, static_cast<float>(keep));
+  } else if constexpr (std::is_same_v<in_t, c10::BFloat16> && std::is_same_v<out_t, c10::BFloat16>) {
+    scale_kept_bf16_bf16(draw, bits(x), bits(y), n, threshold, static_cast<float>(keep));
+  } else {  // fp64 and fp16: the plain loop, in fp64 when either side is
+    using acc_t = std::conditional_t<std::is_same_v<in_t, double> || std::is_same_v<out_t, double>, double, float>;
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = static_cast<out_t>(draw[i] >= threshold ? static_cast<acc_t>(x[i]) * static_cast<acc_t>(keep) : acc_t(0));
+  }
+}
+
 template <typename in_t, typename out_t>
 void masked_scale(const in_t* x, out_t* y, int64_t n, double p, uint64_t seed, int64_t offset) {
-  using acc_t = std::conditional_t<std::is_same_v<in_t, double> || std::is_same_v<out_t, double>, double, float>;
-  const uint32_t threshold = static_cast<uint32_t>(std::lround(p * 65536.0));
-  const acc_t keep = static_cast<acc_t>(1.0 / (1.0 - p));
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the 16-bit draws are read in little-endian order");
+  const auto threshold = static_cast<uint16_t>(std::min<long>(65535, std::lround(p * 65536.0)));
+  const double keep = 1.0 / (1.0 - p);
   const int64_t first_word = offset / 4, last_word = (offset + n - 1) / 4;
-  at::parallel_for(first_word, last_word + 1, 16384, [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w) {
-      const uint64_t h = splitmix64(seed + static_cast<uint64_t>(w + 1) * 0x9E3779B97F4A7C15ULL);
-      const int64_t lo = std::max<int64_t>(w * 4, offset), hi = std::min<int64_t>(w * 4 + 4, offset + n);
-      for (int64_t g = lo; g < hi; ++g) {
-        const bool kept = ((h >> (16 * (g - w * 4))) & 0xFFFF) >= threshold;
-        y[g - offset] = static_cast<out_t>(kept ? static_cast<acc_t>(x[g - offset]) * keep : acc_t(0));
-      }
+  const int64_t blocks = (last_word - first_word + kBlockWords) / kBlockWords;
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    uint64_t hashes[kBlockWords];
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t w0 = first_word + b * kBlockWords, words = std::min(kBlockWords, last_word + 1 - w0);
+      fill_hashes(hashes, w0, words, seed);
+      const int64_t lo = std::max(w0 * 4, offset), hi = std::min((w0 + words) * 4, offset + n);  // global elements
+      const auto* draws = reinterpret_cast<const uint16_t*>(hashes) + (lo - w0 * 4);
+      scale_kept_any(draws, x + (lo - offset), y + (lo - offset), hi - lo, threshold, keep);
     }
   });
 }
