@@ -58,9 +58,9 @@ MLPImpl::MLPImpl(const ModelConfig& config) : activation_(config.mlp) {
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   auto h = dense(x, c_fc->weight, c_fc->bias);  // (B, T, H), swiglu (B, T, 2H)
   torch::Tensor y;
-  if (torch::GradMode::is_enabled() && is_training()) {
-    // Training: the activation is recomputed in backward instead of kept; c_proj computes in h's
-    // dtype (bf16 under autocast, as autocast's linear would), its bias added after.
+  if (torch::GradMode::is_enabled() && is_training() && h.numel() >= kRecomputeMinValues) {
+    // Training with a large activation: recomputed in backward instead of kept; c_proj computes in
+    // h's dtype (bf16 under autocast, as autocast's linear would), its bias added after.
     y = ProjectActivation::apply(h, c_proj->weight.to(h.scalar_type()), activation_);
     if (c_proj->bias.defined()) y = y + c_proj->bias.to(y.scalar_type());
   } else {

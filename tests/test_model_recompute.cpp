@@ -139,8 +139,9 @@ TEST(ChunkedAttention, AutoChunksLargeTrainingAttentionAndMatchesMath) {
   }
 }
 
-// In training the MLP keeps c_fc's output and recomputes the activation in backward; in eval mode
-// (grad still on) it runs plain autograd. Same output and gradients, for every activation.
+// In training the MLP keeps c_fc's output and recomputes the activation in backward (for an
+// activation of kRecomputeMinValues values); in eval mode (grad still on) it runs plain autograd.
+// Same output and gradients, for every activation.
 TEST(MlpRecompute, MatchesPlainAutogradForEveryActivation) {
   for (const char* kind : {"gelu", "relu2", "swiglu"}) {
     for (const bool bf16 : {false, true}) {
@@ -152,7 +153,9 @@ TEST(MlpRecompute, MatchesPlainAutogradForEveryActivation) {
         cfg.bias = bias;
         torch::manual_seed(3);
         MLP mlp(cfg);
-        auto x = torch::randn({2, 5, 24});
+        const int64_t fc_out = std::string(kind) == "swiglu" ? 2 * cfg.mlp_hidden() : cfg.mlp_hidden();
+        const int64_t tokens = MLPImpl::kRecomputeMinValues / fc_out + 1;  // just large enough to recompute
+        auto x = torch::randn({1, tokens, 24});
         auto run = [&](bool training) {
           mlp->train(training);
           mlp->zero_grad();
