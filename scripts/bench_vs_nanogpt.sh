@@ -9,7 +9,9 @@
 # (N = CPU_ITERS, default 2000), full preset s/iter (median of FULL_ITERS, default 4, after one
 # warm-up), and sampling tok/s of the CPU-preset model (500 new tokens, start-up excluded: the time
 # for 500 tokens minus the time for 1), the start-up of a sample (process start to the first token:
-# the time for 1 token) and the peak resident memory of the full-preset run (/usr/bin/time's %M).
+# the time for 1 token) and the peak resident memory of the full-preset run (/usr/bin/time's %M);
+# then the Tang poems CPU config against nanoGPT's bf16 patch (TANG_ROUNDS alternating rounds of
+# TANG_ITERS iterations) and sampling the full preset's model (tok/s, start-up excluded).
 # Run it on an otherwise idle machine: a compiler on the other core slows LibTorch's threads far more
 # than proportionally.
 set -euo pipefail
@@ -111,7 +113,59 @@ for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   fi
   rows+=("$name | $ms | $val | $(echo "scale=2; $full / 1000" | bc -l) | $(peak_gb "$work/${name}_full.log") | $tok | $start")
 done
+
+# Tang poems CPU config (V = 7,443): ours alternating with nanoGPT + the bf16 patch (its shakespeare_char
+# prepare.py reading the poems as UTF-8; the same sizes and schedule), TANG_ROUNDS rounds.
+tang_iters=${TANG_ITERS:-300}
+tang_rows=()
+mkdir -p "$work/nanoGPT/data/tang"
+cp data/tang_poems/input.txt "$work/nanoGPT/data/tang/"
+sed "s/open(input_file_path, '\([rw]\)')/open(input_file_path, '\1', encoding='utf-8')/" \
+  "$work/nanoGPT/data/shakespeare_char/prepare.py" >"$work/nanoGPT/data/tang/prepare.py"
+(cd "$work/nanoGPT" && "$py" data/tang/prepare.py >/dev/null)
+build/nanogpt prepare --input data/tang_poems/input.txt --out_dir data/tang_poems >/dev/null
+tang_nano=(config/train_shakespeare_char.py --device=cpu --dataset=tang --n_layer=4 --n_head=4 --n_embd=192
+           --block_size=64 --batch_size=16 --dropout=0.0 --max_iters="$tang_iters" --lr_decay_iters="$tang_iters"
+           --eval_iters=20 --eval_interval="$tang_iters" --warmup_iters="$warmup" --log_interval=1 --compile=False)
+for round in $(seq "${TANG_ROUNDS:-2}"); do
+  echo "[bench] Tang poems, round $round"
+  build/nanogpt train configs/tang_poems_cpu.yaml --out_dir="$work/ours_tang" --log_interval=1 --max_iters="$tang_iters" \
+    --lr_decay_iters="$tang_iters" --eval_interval="$tang_iters" --warmup_iters="$warmup" --num_threads="$threads" \
+    >"$work/ours_tang.log" 2>&1 || { tail -3 "$work/ours_tang.log"; exit 1; }
+  read -r ours_tang ours_tang_val < <(median ours "$work/ours_tang.log" 10)
+  nano_tang="-" nano_tang_val="-"
+  if [[ -f $patch ]]; then
+    (cd "$work/nanoGPT" && "$py" "$work/run_patch.py" "$patch" "${tang_nano[@]}" --out_dir="$work/nano_tang" \
+       >"$work/nano_tang.log" 2>&1) && read -r nano_tang nano_tang_val < <(median nanogpt "$work/nano_tang.log" 10)
+  fi
+  tang_rows+=("$round | $ours_tang | $ours_tang_val | $nano_tang | $nano_tang_val")
+done
+
+# Sampling the full preset's model (6/6/384, block 256; weights after 1 iteration: speed only), 2,000
+# new tokens against nanoGPT's sample.py (FULL_SAMPLE_NANO tokens: its recompute of the window per
+# token makes 2,000 take minutes; fewer tokens, more of them on a short window, flatter nanoGPT).
+full_new=${FULL_SAMPLE_TOKENS:-2000}
+full_nano_new=${FULL_SAMPLE_NANO:-400}
+t_n=$(seconds build/nanogpt sample --out_dir="$work/ours_full" --num_samples=1 --max_new_tokens="$full_new" --num_threads="$threads")
+t_1=$(seconds build/nanogpt sample --out_dir="$work/ours_full" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")
+ours_full_tok=$(echo "scale=0; ($full_new - 1) / ($t_n - $t_1)" | bc -l)
+samp=(sample.py --out_dir="$work/nanoGPT_fp32_full_ckpt" --device=cpu --num_samples=1 --compile=False --dtype=float32)
+(cd "$work/nanoGPT" && "$py" train.py "${full_nano[@]}" --max_iters=1 --compile=False --always_save_checkpoint=True \
+   --eval_interval=1 --out_dir="$work/nanoGPT_fp32_full_ckpt" >"$work/nano_full_ckpt.log" 2>&1)
+t_n=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens="$full_nano_new")
+t_1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
+nano_full_tok=$(echo "scale=1; ($full_nano_new - 1) / ($t_n - $t_1)" | bc -l)
+
 echo
 echo "| run | CPU preset ms/iter | val @ $cpu_iters | full preset s/iter | full preset peak RSS GB | sampling tok/s (CPU-preset model) | sample start-up s |"
 echo "|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "| $r |"; done
+echo
+echo "| Tang round | ours ms/iter | ours val @ $tang_iters | nanoGPT + bf16 patch ms/iter | its val @ $tang_iters |"
+echo "|---|---|---|---|---|"
+for r in "${tang_rows[@]}"; do echo "| $r |"; done
+echo
+echo "| full model sampling | tok/s |"
+echo "|---|---|"
+echo "| nanogpt-cpp, $full_new new tokens | $ours_full_tok |"
+echo "| nanoGPT sample.py, $full_nano_new new tokens | $nano_full_tok |"
