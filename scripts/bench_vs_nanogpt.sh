@@ -7,8 +7,8 @@
 #
 # Prints, per run: CPU preset ms/iter (median of iterations 10..N) and val loss at N
 # (N = CPU_ITERS, default 2000), full preset s/iter (median of FULL_ITERS, default 4, after one
-# warm-up), and sampling tok/s of the CPU-preset model (500 new tokens, start-up excluded: the time
-# for 500 tokens minus the time for 1), the start-up of a sample (process start to the first token:
+# warm-up), and sampling tok/s of the CPU-preset model (2,000 new tokens, start-up excluded: the time
+# for 2,000 tokens minus the time for 1), the start-up of a sample (process start to the first token:
 # the time for 1 token) and the peak resident memory of the full-preset run (/usr/bin/time's %M);
 # then the Tang poems CPU config against nanoGPT's bf16 patch (TANG_ROUNDS alternating rounds of
 # TANG_ITERS iterations) and sampling the full preset's model (tok/s, start-up excluded).
@@ -55,7 +55,7 @@ PY
 seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null 2>&1; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
 peak_gb() { awk '/^peak_kb / { printf "%.2f", $2 / 1048576 }' "$1"; }  # a log ending in time's "peak_kb N"
 rss=(/usr/bin/time -a -f "peak_kb %M")
-tok_per_s() { echo "scale=0; 499 / ($1 - $2)" | bc -l; }  # t(500 tokens) - t(1 token)
+tok_per_s() { echo "scale=0; 1999 / ($1 - $2)" | bc -l; }  # t(2000 tokens) - t(1 token)
 
 cpu_nano=(config/train_shakespeare_char.py --device=cpu --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12
           --n_layer=4 --n_head=4 --n_embd=128 --max_iters="$cpu_iters" --lr_decay_iters="$cpu_iters" --dropout=0.0
@@ -84,9 +84,9 @@ echo "[bench] nanogpt-cpp, full preset ($full_iters iterations)"
   --log_interval=1 --max_iters="$full_iters" --eval_interval=100000 --eval_iters=1 --num_threads="$threads" \
   >>"$work/ours_full.log" 2>&1 || true
 read -r ours_full _ < <(median ours "$work/ours_full.log" 1)
-t500=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=500 --num_threads="$threads")
+t2000=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=2000 --num_threads="$threads")
 t1=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")
-rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(peak_gb "$work/ours_full.log") | $(tok_per_s "$t500" "$t1") | $(printf %.2f "$t1")")
+rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(peak_gb "$work/ours_full.log") | $(tok_per_s "$t2000" "$t1") | $(printf %.2f "$t1")")
 
 for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   read -r -a cmd <<<"${runner[$name]}"
@@ -106,13 +106,17 @@ for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   tok="-" start="-"
   if [[ $name == nanoGPT_fp32 ]]; then  # sampling: nanoGPT's sample.py (fp32 on the CPU, no KV cache)
     samp=(sample.py --out_dir="$work/$name" --device=cpu --num_samples=1 --compile=False --dtype=float32)
-    t500=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=500)
+    t2000=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=2000)
     t1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
-    tok=$(tok_per_s "$t500" "$t1")
+    tok=$(tok_per_s "$t2000" "$t1")
     start=$(printf %.2f "$t1")
   fi
   rows+=("$name | $ms | $val | $(echo "scale=2; $full / 1000" | bc -l) | $(peak_gb "$work/${name}_full.log") | $tok | $start")
 done
+echo
+echo "| run | CPU preset ms/iter | val @ $cpu_iters | full preset s/iter | full preset peak RSS GB | sampling tok/s (CPU-preset model) | sample start-up s |"
+echo "|---|---|---|---|---|---|---|"
+for r in "${rows[@]}"; do echo "| $r |"; done
 
 # Tang poems CPU config (V = 7,443): ours alternating with nanoGPT + the bf16 patch (its shakespeare_char
 # prepare.py reading the poems as UTF-8; the same sizes and schedule), TANG_ROUNDS rounds.
@@ -122,7 +126,7 @@ mkdir -p "$work/nanoGPT/data/tang"
 cp data/tang_poems/input.txt "$work/nanoGPT/data/tang/"
 sed "s/open(input_file_path, '\([rw]\)')/open(input_file_path, '\1', encoding='utf-8')/" \
   "$work/nanoGPT/data/shakespeare_char/prepare.py" >"$work/nanoGPT/data/tang/prepare.py"
-(cd "$work/nanoGPT" && "$py" data/tang/prepare.py >/dev/null)
+(cd "$work/nanoGPT" && PYTHONPATH=$work/stub "$py" data/tang/prepare.py >/dev/null)
 build/nanogpt prepare --input data/tang_poems/input.txt --out_dir data/tang_poems >/dev/null
 tang_nano=(config/train_shakespeare_char.py --device=cpu --dataset=tang --n_layer=4 --n_head=4 --n_embd=192
            --block_size=64 --batch_size=16 --dropout=0.0 --max_iters="$tang_iters" --lr_decay_iters="$tang_iters"
@@ -156,10 +160,6 @@ t_n=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --m
 t_1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
 nano_full_tok=$(echo "scale=1; ($full_nano_new - 1) / ($t_n - $t_1)" | bc -l)
 
-echo
-echo "| run | CPU preset ms/iter | val @ $cpu_iters | full preset s/iter | full preset peak RSS GB | sampling tok/s (CPU-preset model) | sample start-up s |"
-echo "|---|---|---|---|---|---|---|"
-for r in "${rows[@]}"; do echo "| $r |"; done
 echo
 echo "| Tang round | ours ms/iter | ours val @ $tang_iters | nanoGPT + bf16 patch ms/iter | its val @ $tang_iters |"
 echo "|---|---|---|---|---|"
