@@ -14,19 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "model/fast/simd.h"
+
 namespace nanogpt::model {
 namespace {
 
 constexpr int64_t kIgnoreIndex = -100;  // LibTorch's default ignore_index
-
-// The row loops are plain C++ that the compiler vectorises, built once per instruction set and
-// picked when the program loads: one binary runs AVX-512 or AVX2 code where the CPU has it (the
-// baseline x86-64 build would stop at SSE2, a quarter of AVX-512's width).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define NANOGPT_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define NANOGPT_SIMD_CLONES
-#endif
 
 // exp(x) for x <= 0 within ~2 ulp, with no library call so that it vectorises: x = n ln2 + r with
 // |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial, 2^n built in the exponent bits. x is clamped at
@@ -69,22 +62,13 @@ NANOGPT_SIMD_CLONES float exp_shifted_sum(const float* x, float m, float* e, int
 
 NANOGPT_SIMD_CLONES void bf16_to_float(const uint16_t* in, float* out, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
-    std::memcpy(out + i, &bits, sizeof bits);
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits_to_float(in[i]);
 }
 
-// out[i] = e[i] * scale rounded to the nearest bf16, ties to even, as c10::BFloat16 rounds (a NaN
-// from arithmetic is quiet: its top mantissa bit survives the rounding).
+// out[i] = e[i] * scale rounded to the nearest bf16, ties to even, as c10::BFloat16 rounds.
 NANOGPT_SIMD_CLONES void scale_to_bf16(const float* e, float scale, uint16_t* out, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = e[i] * scale;
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    out[i] = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(e[i] * scale);
 }
 
 NANOGPT_SIMD_CLONES void scale_to_float(const float* e, float scale, float* out, int64_t n) {

@@ -6,10 +6,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cmath>
 #include <mutex>
 #include <type_traits>
+
+#include "model/fast/simd.h"
 
 namespace nanogpt::model {
 namespace {
@@ -30,29 +31,15 @@ inline uint64_t splitmix64(uint64_t z) {
 
 constexpr int64_t kBlockWords = 1024;  // hashes per block: 8 KB, 4096 draws
 
-#define NANOGPT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
-NANOGPT_CLONES void fill_hashes(uint64_t* __restrict h, int64_t first_word, int64_t n, uint64_t seed) {
+NANOGPT_SIMD_CLONES void fill_hashes(uint64_t* __restrict h, int64_t first_word, int64_t n, uint64_t seed) {
   for (int64_t k = 0; k < n; ++k) h[k] = splitmix64(seed + static_cast<uint64_t>(first_word + k + 1) * 0x9E3779B97F4A7C15ULL);
 }
 
-// bf16 travels as its raw 16 bits (uint16_t) through the vectorised loops: c10::BFloat16's
-// converting constructor branches on NaN and keeps GCC from vectorising.
+// bf16 travels as its raw 16 bits (uint16_t) through the vectorised loops (model/fast/simd.h).
 inline float load_float(float v) { return v; }
-inline float load_float(uint16_t bf16) {
-  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
+inline float load_float(uint16_t bf16) { return bf16_bits_to_float(bf16); }
 inline void store(float v, float* out) { *out = v; }
-inline void store(float v, uint16_t* bf16) {  // round to nearest even, NaN stays NaN: branch-free
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;  // integer test: a float compare keeps GCC from if-converting
-  *bf16 = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
-}
+inline void store(float v, uint16_t* bf16) { *bf16 = float_to_bf16_bits(v); }
 
 template <typename in_t, typename out_t>
 __attribute__((always_inline)) inline void scale_kept(const uint16_t* __restrict draw, const in_t* __restrict x,
@@ -64,7 +51,7 @@ __attribute__((always_inline)) inline void scale_kept(const uint16_t* __restrict
 }
 
 #define NANOGPT_SCALE_KEPT(in_t, out_t, name)                                                                  \
-  NANOGPT_CLONES void name(const uint16_t* draw, const in_t* x, out_t* y, int64_t n, uint16_t threshold, float keep) { \
+  NANOGPT_SIMD_CLONES void name(const uint16_t* draw, const in_t* x, out_t* y, int64_t n, uint16_t threshold, float keep) { \
     scale_kept(draw, x, y, n, threshold, keep);                                                               \
   }
 NANOGPT_SCALE_KEPT(float, float, scale_kept_f32_f32)
