@@ -11,6 +11,7 @@
 #include "model/generate.h"
 #include "model/gpt.h"
 #include "model/positions.h"
+#include "tensor_compare.h"
 
 using namespace nanogpt::model;
 
@@ -85,13 +86,7 @@ TEST(Attention, WeightsRowsSumToOneAndAreCausal) {
   EXPECT_EQ(w.triu(1).abs().max().item<float>(), 0.0f);
 }
 
-namespace {
-// max |a - b| / max |b|: one number per tensor, independent of where the large values sit.
-double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto a64 = a.to(torch::kDouble), b64 = b.to(torch::kDouble);
-  return ((a64 - b64).abs().max() / b64.abs().max().clamp_min(1e-30)).item<double>();
-}
-}  // namespace
+using nanogpt::testing::relative_error;
 
 // `attention: auto` trains on the CPU with the math path and evaluates with the fused kernels: its
 // logits equal math's bit for bit in training (grad on), and sdpa's in evaluation (no grad).

@@ -18,15 +18,12 @@
 #include "model/mlp.h"
 #include "model/positions.h"
 #include "runtime/device.h"
+#include "tensor_compare.h"
 
 using namespace nanogpt::model;
+using nanogpt::testing::relative_error;
 
 namespace {
-
-double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto a64 = a.to(torch::kDouble), b64 = b.to(torch::kDouble);
-  return ((a64 - b64).abs().max() / b64.abs().max().clamp_min(1e-30)).item<double>();
-}
 
 torch::Tensor causal_bias(int64_t T) {
   return torch::full({T, T}, -std::numeric_limits<float>::infinity()).triu(1);  // (T, T) 0 / -inf
