@@ -59,7 +59,7 @@ std::vector<std::pair<std::string, std::function<void(ModelConfig&)>>> variants(
        }},
       {"untied", [](ModelConfig& c) { c.tie_embeddings = false; }},
       {"softcap", [](ModelConfig& c) { c.logit_softcap = 3.0; }},
-      {"wide", [](ModelConfig& c) {  // large enough that the products split over threads
+      {"wide", [](ModelConfig& c) {  // rows in many blocks of four per thread
          c.n_embd = 128;
          c.n_head = 4;
        }},
@@ -90,9 +90,10 @@ TEST(Decoder, LogitsAndCacheEqualTheGeneralPathAcrossTheSwitches) {
   for (const auto& [name, tweak] : variants()) {
     ModelConfig c = tiny_config();
     tweak(c);
-    // ctest runs with one thread; the wide model's products split over two here, in the decoder only
-    // (on half the first steps: its trials alternate between one thread and all).
-    const int threads = name == "wide" ? 2 : 1;
+    // ctest runs with one thread; here the decoder gets two (its first 16 steps alternate in pairs
+    // between one thread and both, so every variant runs both ways: rows and kv heads split
+    // between the threads of one parallel region, and everything on one).
+    const int threads = 2;
     GPT model = perturbed_model(c);
     ASSERT_TRUE(decoder_supports(*model)) << name;
     Decoder decoder(*model);

@@ -1,15 +1,19 @@
 // The fused CPU cross-entropy (model/fast/cross_entropy.h) against LibTorch's plain path (logits cast
 // to fp32, cross_entropy, autograd): the loss and the gradients w.r.t. the logits and a small GPT's
 // parameters, in fp32 and bf16, for small and large vocabularies and row counts that do not divide
-// into the kernel's tasks; then where the fused path is taken and what it rejects.
+// into the kernel's tasks; then where the fused path is taken and what it rejects. Last, the
+// branch-free exp and GELU of the hand-written loops (model/fast/simd.h) against fp64.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <string>
 
 #include "model/fast/cross_entropy.h"
+#include "model/fast/simd.h"
 #include "model/gpt.h"
 #include "runtime/device.h"
 
@@ -186,4 +190,37 @@ TEST(CrossEntropy, GptGradientsMatchThePlainLoss) {
       for (size_t i = 1; i < fused.size(); ++i) expect_close(fused[i], plain[i], rtol, names[i - 1]);
     }
   }
+}
+
+TEST(FastMath, ExpNonpositiveMatchesFp64Within2e7Relative) {
+  double worst = 0.0;
+  for (double x = -87.0; x <= 0.34; x += 1e-3) {
+    const float f = static_cast<float>(x);
+    const double want = std::exp(static_cast<double>(f));
+    worst = std::max(worst, std::abs(exp_nonpositive(f) - want) / want);
+  }
+  EXPECT_LE(worst, 2e-7);
+  EXPECT_EQ(exp_nonpositive(0.0f), 1.0f);
+  EXPECT_GT(exp_nonpositive(-1000.0f), 0.0f);  // clamped: tiny, never 0 or NaN
+  EXPECT_LT(exp_nonpositive(-1000.0f), 1e-37f);
+}
+
+TEST(FastMath, GeluErfMatchesTheExactGelu) {
+  // Against v Phi(v) in fp64 (through erfc, which keeps the negative tail exact): 4e-7 absolute
+  // everywhere, 2.5e-6 relative where v >= -5; and against torch::gelu's fp32 (erf) kernel.
+  double worst_abs = 0.0, worst_rel = 0.0;
+  for (double v = -12.0; v <= 12.0; v += 1e-3) {
+    const float f = static_cast<float>(v);
+    const double want = 0.5 * f * std::erfc(-static_cast<double>(f) / std::sqrt(2.0));
+    const double err = std::abs(gelu_erf(f) - want);
+    worst_abs = std::max(worst_abs, err);
+    if (v >= -5.0 && want != 0.0) worst_rel = std::max(worst_rel, err / std::abs(want));
+  }
+  EXPECT_LE(worst_abs, 4e-7);
+  EXPECT_LE(worst_rel, 2.5e-6);
+  EXPECT_EQ(gelu_erf(0.0f), 0.0f);
+  auto x = torch::linspace(-6, 6, 10001);
+  auto ours = torch::empty_like(x);
+  for (int64_t i = 0; i < x.numel(); ++i) ours[i] = gelu_erf(x[i].item<float>());
+  EXPECT_LE((ours - torch::gelu(x)).abs().max().item<double>(), 1e-6);
 }

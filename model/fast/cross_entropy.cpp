@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
@@ -20,26 +19,6 @@ namespace nanogpt::model {
 namespace {
 
 constexpr int64_t kIgnoreIndex = -100;  // LibTorch's default ignore_index
-
-// exp(x) for x <= 0 within ~2 ulp, with no library call so that it vectorises: x = n ln2 + r with
-// |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial, 2^n built in the exponent bits. x is clamped at
-// -87.3 (2^n stays a normal float): exp(-87.3) ~ 1e-38 is far under any row sum it joins.
-inline float exp_nonpositive(float x) {
-  x = x < -87.3f ? -87.3f : x;
-  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln2): 1.5 * 2^23 drops the fraction
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;      // x - n ln2, ln2 split so n * 0.693359375 is exact
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
-}
 
 NANOGPT_SIMD_CLONES float max_of(const float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/fast/dot.h"
+#include "model/fast/simd.h"
 
 namespace nanogpt::model {
 namespace {
@@ -47,16 +48,20 @@ void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, 
 __attribute__((target_clones("avx512f", "fma", "default")))
 void attend(const float* __restrict q, const float* __restrict keys, const float* __restrict values, int64_t Tk,
             int64_t hs, float scale, float* __restrict p, float* __restrict o) {
+  matvec_rows(keys, q, 0, 1, hs, 0, Tk, p, 0, false);  // p[t] = k_t · q: four keys a pass
   float max_score = -INFINITY;
+#pragma omp simd reduction(max : max_score)
   for (int64_t t = 0; t < Tk; ++t) {
-    p[t] = dot(q, keys + t * hs, hs) * scale;
-    max_score = std::max(max_score, p[t]);
+    p[t] *= scale;
+    max_score = p[t] > max_score ? p[t] : max_score;
   }
   float total = 0.0f;
-  for (int64_t t = 0; t < Tk; ++t) total += (p[t] = std::exp(p[t] - max_score));
+#pragma omp simd reduction(+ : total)
+  for (int64_t t = 0; t < Tk; ++t) total += (p[t] = exp_nonpositive(p[t] - max_score));
+  const float inv_total = 1.0f / total;
   std::fill(o, o + hs, 0.0f);
   for (int64_t t = 0; t < Tk; ++t) {
-    const float w = p[t] / total;
+    const float w = p[t] * inv_total;
     const float* v = values + t * hs;
     for (int64_t d = 0; d < hs; ++d) o[d] += w * v[d];
   }
@@ -78,39 +83,76 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, torch::Tensor& k_cache,
   return y;
 }
 
+namespace {
+
+// Shapes and places shared by the functions below.
+struct Layout {
+  int64_t block, hs, n_head, n_kv_head, width, group, slot, Tk;
+  Layout(int64_t block_, int64_t hs_, int64_t pos, int64_t n_head_, int64_t n_kv_head_)
+      : block(block_),
+        hs(hs_),
+        n_head(n_head_),
+        n_kv_head(n_kv_head_),
+        width((n_head_ + 2 * n_kv_head_) * hs_),
+        group(n_head_ / n_kv_head_),
+        slot(pos % block_),                   // the cache is a ring of `block` slots
+        Tk(std::min(pos + 1, block_)) {}
+};
+
+// The new key (rotated) and value of sequence b, kv head j into the caches' slot for `pos`.
+// kc, vc: [b][kv head][position][hs]
+void write_new_kv(const Layout& L, const float* in, float* kc, float* vc, int64_t b, int64_t j, const float* cos2,
+                  const float* sin2, double qk_norm_eps, float* scratch) {
+  const float* k_new = in + b * L.width + (L.n_head + j) * L.hs;
+  const float* v_new = in + b * L.width + (L.n_head + L.n_kv_head + j) * L.hs;
+  float* k_slot = kc + ((b * L.n_kv_head + j) * L.block + L.slot) * L.hs;
+  float* v_slot = vc + ((b * L.n_kv_head + j) * L.block + L.slot) * L.hs;
+  prepare(k_new, L.hs, qk_norm_eps, cos2, sin2, scratch, k_slot);
+  std::copy(v_new, v_new + L.hs, v_slot);
+}
+
+// Query head h of sequence b against its kv head's cache -> out's (b, h) row. q, normed: hs floats;
+// p: Tk floats of scratch.
+void attend_head(const Layout& L, const float* in, const float* kc, const float* vc, float* out, int64_t b, int64_t h,
+                 const float* cos2, const float* sin2, double qk_norm_eps, float* q, float* normed, float* p) {
+  const int64_t j = h / L.group;  // query head h reads kv head j
+  prepare(in + b * L.width + h * L.hs, L.hs, qk_norm_eps, cos2, sin2, normed, q);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(L.hs));
+  attend(q, kc + (b * L.n_kv_head + j) * L.block * L.hs, vc + (b * L.n_kv_head + j) * L.block * L.hs, L.Tk, L.hs,
+         scale, p, out + b * L.n_head * L.hs + h * L.hs);
+}
+
+}  // namespace
+
 void decode_attention(const float* in, float* kc, float* vc, float* out, int64_t B, int64_t block, int64_t hs,
                       int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
                       double qk_norm_eps, bool parallel) {
-  // kc, vc: [b][kv head][position][hs]
-  const int64_t width = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head;
-  const int64_t slot = pos % block, Tk = std::min(pos + 1, block);  // the cache is a ring of `block` slots
-
-  // The new key (rotated) and value go into the caches' slot for `pos`.
+  const Layout L(block, hs, pos, n_head, n_kv_head);
   std::vector<float> scratch(hs);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < n_kv_head; ++j) {
-      const float* k_new = in + b * width + (n_head + j) * hs;
-      const float* v_new = in + b * width + (n_head + n_kv_head + j) * hs;
-      float* k_slot = kc + ((b * n_kv_head + j) * block + slot) * hs;
-      float* v_slot = vc + ((b * n_kv_head + j) * block + slot) * hs;
-      prepare(k_new, hs, qk_norm_eps, rope_cos2, rope_sin2, scratch.data(), k_slot);
-      std::copy(v_new, v_new + hs, v_slot);
-    }
-
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    for (int64_t j = 0; j < n_kv_head; ++j)
+      write_new_kv(L, in, kc, vc, b, j, rope_cos2, rope_sin2, qk_norm_eps, scratch.data());
   const int64_t grain =  // small work stays serial
-      parallel ? std::max<int64_t>(1, 32768 / std::max<int64_t>(1, Tk * hs)) : B * n_head;
+      parallel ? std::max<int64_t>(1, 32768 / std::max<int64_t>(1, L.Tk * hs)) : B * n_head;
   at::parallel_for(0, B * n_head, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(hs), p(Tk), normed(hs);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / n_head, h = bh % n_head, j = h / group;  // query head h reads kv head j
-      const float* q_in = in + b * width + h * hs;
-      prepare(q_in, hs, qk_norm_eps, rope_cos2, rope_sin2, normed.data(), q.data());
-      float* o = out + b * n_head * hs + h * hs;
-      attend(q.data(), kc + (b * n_kv_head + j) * block * hs, vc + (b * n_kv_head + j) * block * hs, Tk, hs, scale,
-             p.data(), o);
-    }
+    std::vector<float> q(hs), normed(hs), p(L.Tk);
+    for (int64_t bh = begin; bh < end; ++bh)
+      attend_head(L, in, kc, vc, out, bh / n_head, bh % n_head, rope_cos2, rope_sin2, qk_norm_eps, q.data(),
+                  normed.data(), p.data());
   });
+}
+
+void decode_attention_groups(const float* in, float* kc, float* vc, float* out, int64_t block, int64_t hs, int64_t pos,
+                             int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
+                             double qk_norm_eps, int64_t begin, int64_t end, float* scratch) {
+  const Layout L(block, hs, pos, n_head, n_kv_head);
+  float *q = scratch, *normed = scratch + hs, *p = scratch + 2 * hs;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t b = item / n_kv_head, j = item % n_kv_head;
+    write_new_kv(L, in, kc, vc, b, j, rope_cos2, rope_sin2, qk_norm_eps, normed);
+    for (int64_t h = j * L.group; h < (j + 1) * L.group; ++h)
+      attend_head(L, in, kc, vc, out, b, h, rope_cos2, rope_sin2, qk_norm_eps, q, normed, p);
+  }
 }
 
 }  // namespace nanogpt::model

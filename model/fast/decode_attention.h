@@ -28,4 +28,13 @@ void decode_attention(const float* qkv, float* k_cache, float* v_cache, float* y
                       int64_t head_size, int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2,
                       const float* rope_sin2, double qk_norm_eps, bool parallel = true);
 
+/// The same for part of the batch's kv heads, on the calling thread (for a parallel region of the
+/// decoder's): kv head j of sequence b for every item = b * n_kv_head + j in [begin, end), i.e. its new
+/// key and value into the caches, then each query head of its group. Items are independent, so the
+/// threads of a region can take disjoint ranges. scratch: decode_attention_scratch(block, hs) floats.
+void decode_attention_groups(const float* qkv, float* k_cache, float* v_cache, float* y, int64_t block,
+                             int64_t head_size, int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2,
+                             const float* rope_sin2, double qk_norm_eps, int64_t begin, int64_t end, float* scratch);
+inline int64_t decode_attention_scratch(int64_t block, int64_t head_size) { return 2 * head_size + block; }
+
 }  // namespace nanogpt::model

@@ -8,24 +8,26 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "model/attention.h"
 #include "model/fast/decode_attention.h"
 #include "model/fast/dot.h"
+#include "model/fast/simd.h"
 #include "model/norm.h"
 
 namespace nanogpt::model {
-namespace {
 
-constexpr int64_t kRowBlock = 4;          // output rows computed together: each x load feeds four FMAs
-constexpr int64_t kMinParallelMacs = 24576;  // below this a matrix-vector product stays on one thread
-
-// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B.
-// w (rows, cols) row-major. Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time
-// by CPU feature (as decode_attention.cpp);
-// four rows at a time in independent lanes (as dot.h), so each load of x feeds four FMAs.
+// Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time by CPU feature (as
+// decode_attention.cpp); four rows at a time in independent lanes (as dot()), so each load of x
+// feeds four FMAs and the four rows' final sums interleave.
 __attribute__((target_clones("avx512f", "fma", "default")))
 void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
@@ -77,22 +79,40 @@ void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x
   }
 }
 
-// Calls f(r0, r1) over output rows [0, rows) split across the threads in whole row blocks (or on
-// the calling thread alone when !parallel). The split depends only on `rows` and the thread
-// count, so each thread reads the same weight rows at every token and keeps them in its own cache.
-// Small products stay on the calling thread: waking the other costs more than it saves.
-template <class F>
-void over_rows(bool parallel, int64_t rows, int64_t macs_per_row, const F& f) {
-  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  const int64_t grain =
-      parallel ? std::max<int64_t>(1, kMinParallelMacs / std::max<int64_t>(1, kRowBlock * macs_per_row)) : blocks;
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    f(b0 * kRowBlock, std::min(rows, b1 * kRowBlock));
-  });
+namespace {
+
+
+// This thread's index in the parallel region and the region's size (0 and 1 outside one).
+int thread_index() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+int team_size() {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
 }
 
-float gelu(float v) { return 0.5f * v * (1.0f + std::erf(v * static_cast<float>(M_SQRT1_2))); }  // exact, like torch::gelu
+// y[b * y_stride + r] += bias[r] for rows r0 <= r < r1 and every b < B; nothing when bias is nullptr.
+void add_bias(const float* bias, int64_t B, int64_t r0, int64_t r1, float* y, int64_t y_stride) {
+  if (!bias) return;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r = r0; r < r1; ++r) y[b * y_stride + r] += bias[r];
+}
+
 float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+// h[r] = GELU(h[r]) (exact, like torch::gelu) for r0 <= r < r1, vectorised (simd.h's gelu_erf).
+__attribute__((target_clones("avx512f", "fma", "default")))
+void gelu_rows(float* __restrict h, int64_t r0, int64_t r1) {
+#pragma omp simd
+  for (int64_t r = r0; r < r1; ++r) h[r] = gelu_erf(h[r]);
+}
 
 }  // namespace
 
@@ -222,13 +242,19 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   const bool parallel = threads_.use_threads();
-  const int64_t C = C_, H = hidden_;
+#ifdef _OPENMP
+  const int threads = parallel ? at::get_num_threads() : 1;
+#else
+  const int threads = 1;  // built without OpenMP: no parallel region
+#endif
+  const int64_t C = C_, H = hidden_, scratch_size = decode_attention_scratch(block, hs_);
   x_.resize(B * C);
-  xn_.resize(B * C);
+  xn_.resize(threads * B * C);  // each thread normalises into its own copy: no barrier for it
   qkv_.resize(B * qkv_width_);
   att_.resize(B * C);
   hidden_buf_.resize(B * fc_out_);
-  float *x = x_.data(), *xn = xn_.data(), *qkv = qkv_.data(), *att = att_.data(), *hid = hidden_buf_.data();
+  attention_scratch_.resize(threads * scratch_size);
+  float *x = x_.data(), *qkv = qkv_.data(), *att = att_.data(), *hid = hidden_buf_.data();
 
   // Embed: the token's row of wte plus the position's row of wpe or the sinusoidal table.
   const float* pos_row = wpe_ ? wpe_ + pos * C : sinusoid_.defined() ? sinusoid_.data_ptr<float>() + pos * C : nullptr;
@@ -239,66 +265,74 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   const float* cos2 = rope_ ? rope_->cos2_row(pos) : nullptr;
   const float* sin2 = rope_ ? rope_->sin2_row(pos) : nullptr;
   const double qk_eps = config_.qk_norm ? CausalSelfAttentionImpl::qk_norm_eps : 0.0;
-
-  for (int64_t i = 0; i < config_.n_layer; ++i) {
-    const Layer& l = layers_[i];
+  std::vector<float*> k_cache(config_.n_layer), v_cache(config_.n_layer);
+  for (int64_t i = 0; i < config_.n_layer; ++i) {  // everything that may throw, before the parallel region
     ensure_cache(cache.k[i], B, pos);
     ensure_cache(cache.v[i], B, pos);
-    // x + attn(ln_1(x))
-    for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_1_w, l.ln_1_b, xn + b * C);
-    over_rows(parallel, qkv_width_, B * C, [&](int64_t r0, int64_t r1) {
-      matvec_rows(l.qkv_w, xn, C, B, C, r0, r1, qkv, qkv_width_, false);
-      if (l.qkv_b)
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t r = r0; r < r1; ++r) qkv[b * qkv_width_ + r] += l.qkv_b[r];
-    });
-    decode_attention(qkv, cache.k[i].data_ptr<float>(), cache.v[i].data_ptr<float>(), att, B, block, hs_, pos,
-                     config_.n_head, nkv_, cos2, sin2, qk_eps, parallel);
-    over_rows(parallel, C, B * C, [&](int64_t r0, int64_t r1) {
-      matvec_rows(l.o_w, att, C, B, C, r0, r1, x, C, /*accumulate=*/true);  // the residual add, in place
-      if (l.o_b)
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t r = r0; r < r1; ++r) x[b * C + r] += l.o_b[r];
-    });
-    // x + mlp(ln_2(x)); the activation on each thread's own rows, right after it computed them.
-    for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_2_w, l.ln_2_b, xn + b * C);
-    const bool gated = activation_ == Activation::swiglu;
-    over_rows(parallel, H, B * C * (gated ? 2 : 1), [&](int64_t r0, int64_t r1) {
-      matvec_rows(l.fc_w, xn, C, B, C, r0, r1, hid, fc_out_, false);
-      if (gated) matvec_rows(l.fc_w + H * C, xn, C, B, C, r0, r1, hid + H, fc_out_, false);  // the up half
-      for (int64_t b = 0; b < B; ++b) {
-        float* hb = hid + b * fc_out_;
-        if (l.fc_b) {
-          for (int64_t r = r0; r < r1; ++r) hb[r] += l.fc_b[r];
-          if (gated)
-            for (int64_t r = r0; r < r1; ++r) hb[H + r] += l.fc_b[H + r];
-        }
-        for (int64_t r = r0; r < r1; ++r) {
-          const float v = hb[r];
-          if (activation_ == Activation::gelu) hb[r] = gelu(v);
-          else if (activation_ == Activation::relu2) hb[r] = v > 0.0f ? v * v : 0.0f;
-          else hb[r] = silu(v) * hb[H + r];  // silu(gate) * up, into the gate's place
-        }
-      }
-    });
-    over_rows(parallel, C, B * H, [&](int64_t r0, int64_t r1) {
-      matvec_rows(l.proj_w, hid, fc_out_, B, H, r0, r1, x, C, /*accumulate=*/true);
-      if (l.proj_b)
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t r = r0; r < r1; ++r) x[b * C + r] += l.proj_b[r];
-    });
+    k_cache[i] = cache.k[i].data_ptr<float>();
+    v_cache[i] = cache.v[i].data_ptr<float>();
   }
-
-  for (int64_t b = 0; b < B; ++b) norm(x + b * C, ln_f_w_, ln_f_b_, xn + b * C);
   auto logits = torch::empty({B, V}, torch::kFloat);  // (B, V)
   float* out = logits.data_ptr<float>();
   const float cap = static_cast<float>(config_.logit_softcap);
-  over_rows(parallel, V, B * C, [&](int64_t r0, int64_t r1) {
-    matvec_rows(head_, xn, C, B, C, r0, r1, out, V, false);
+  const bool gated = activation_ == Activation::swiglu;
+
+  // One parallel region for the whole token: each thread takes the same share of every product
+  // (whole row blocks, by its index) and of the kv heads, and waits at a barrier only where the next
+  // step reads what all of them wrote: four times a layer. (A region per product, ~20 a token, cost
+  // more in waking the other thread than it saved on the CPU-preset model.)
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const int tid = thread_index(), team = team_size();
+    const auto share = [&](int64_t n, int64_t unit) {  // [begin, end) of n items in whole units of `unit`
+      const int64_t units = (n + unit - 1) / unit;
+      return std::pair<int64_t, int64_t>{std::min(n, units * tid / team * unit), std::min(n, units * (tid + 1) / team * unit)};
+    };
+    float* xn = xn_.data() + tid * B * C;
+    float* scratch = attention_scratch_.data() + tid * scratch_size;
+    const auto [q0, q1] = share(qkv_width_, kRowBlock);
+    const auto [c0, c1] = share(C, kRowBlock);
+    const auto [h0, h1] = share(H, kRowBlock);
+    const auto [v0, v1] = share(V, kRowBlock);
+    const auto [g0, g1] = share(B * nkv_, 1);
+    for (int64_t i = 0; i < config_.n_layer; ++i) {
+      const Layer& l = layers_[i];
+      // x + attn(ln_1(x))
+      for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_1_w, l.ln_1_b, xn + b * C);
+      matvec_rows(l.qkv_w, xn, C, B, C, q0, q1, qkv, qkv_width_, false);
+      add_bias(l.qkv_b, B, q0, q1, qkv, qkv_width_);
+#pragma omp barrier
+      decode_attention_groups(qkv, k_cache[i], v_cache[i], att, block, hs_, pos, config_.n_head, nkv_, cos2, sin2,
+                              qk_eps, g0, g1, scratch);
+#pragma omp barrier
+      matvec_rows(l.o_w, att, C, B, C, c0, c1, x, C, /*accumulate=*/true);  // the residual add, in place
+      add_bias(l.o_b, B, c0, c1, x, C);
+#pragma omp barrier
+      // x + mlp(ln_2(x)); the activation on each thread's own rows, right after it computed them.
+      for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_2_w, l.ln_2_b, xn + b * C);
+      matvec_rows(l.fc_w, xn, C, B, C, h0, h1, hid, fc_out_, false);
+      if (gated) matvec_rows(l.fc_w + H * C, xn, C, B, C, h0, h1, hid + H, fc_out_, false);  // the up half
+      add_bias(l.fc_b, B, h0, h1, hid, fc_out_);
+      if (gated) add_bias(l.fc_b ? l.fc_b + H : nullptr, B, h0, h1, hid + H, fc_out_);
+      for (int64_t b = 0; b < B; ++b) {
+        float* hb = hid + b * fc_out_;
+        if (activation_ == Activation::gelu) gelu_rows(hb, h0, h1);
+        else if (activation_ == Activation::relu2)
+          for (int64_t r = h0; r < h1; ++r) hb[r] = hb[r] > 0.0f ? hb[r] * hb[r] : 0.0f;
+        else
+          for (int64_t r = h0; r < h1; ++r) hb[r] = silu(hb[r]) * hb[H + r];  // silu(gate) * up, into the gate's place
+      }
+#pragma omp barrier
+      matvec_rows(l.proj_w, hid, fc_out_, B, H, c0, c1, x, C, /*accumulate=*/true);
+      add_bias(l.proj_b, B, c0, c1, x, C);
+#pragma omp barrier
+    }
+    for (int64_t b = 0; b < B; ++b) norm(x + b * C, ln_f_w_, ln_f_b_, xn + b * C);
+    matvec_rows(head_, xn, C, B, C, v0, v1, out, V, false);
     if (cap > 0)  // as GPT::head: cap * tanh(logits / cap)
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t r = r0; r < r1; ++r) out[b * V + r] = std::tanh(out[b * V + r] / cap) * cap;
-  });
+        for (int64_t r = v0; r < v1; ++r) out[b * V + r] = std::tanh(out[b * V + r] / cap) * cap;
+  }
   cache.len = pos + 1;
   threads_.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return logits;
@@ -307,23 +341,28 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
 bool Decoder::ThreadChoice::use_threads() const {
   if (at::get_num_threads() < 2) return false;
   const int64_t phase = steps % kPeriod;
-  return phase < kTrial ? phase % 2 == 0 : parallel;  // trials alternate, so both see the same positions
+  return phase < kTrial ? (phase / 2) % 2 == 0 : parallel;  // trials alternate in pairs over the same positions
 }
 
 void Decoder::ThreadChoice::record(bool threaded, double seconds) {
   const int64_t phase = steps++ % kPeriod;
   if (phase < kTrial) {
-    trial_seconds[threaded] += seconds;
+    // Only the second token of each pair counts: the first after a switch pays for it (the other
+    // thread woken from its sleep, or the weights it cached now read by this one). The fastest
+    // counted token of each way: a stall only ever adds (measured: 27 us a token, and once 4 ms).
+    if (phase % 2 == 1) trial_best[threaded] = std::min(trial_best[threaded], seconds);
     if (phase == kTrial - 1) {
-      serial_mean = trial_seconds[0] / (kTrial / 2);
-      parallel_mean = trial_seconds[1] / (kTrial / 2);
+      serial_mean = trial_best[0];
+      parallel_mean = trial_best[1];
       parallel = parallel_mean < serial_mean;
-      trial_seconds[0] = trial_seconds[1] = 0.0;
+      trial_best[0] = trial_best[1] = std::numeric_limits<double>::infinity();
     }
   } else if (threaded) {
-    // One stall of a time slice lifts the mean past one thread's at once; the 10% margin leaves
-    // room for the attention's cost growing with the position since the trial.
-    parallel_mean = 0.9 * parallel_mean + 0.1 * seconds;
+    // A token counts at most twice the one-thread time: a single stall (a time slice lost, the
+    // other thread woken late) does not switch, while a machine that slows every token does within
+    // a few. The 10% margin leaves room for the attention's cost growing with the position since
+    // the trial.
+    parallel_mean = 0.9 * parallel_mean + 0.1 * std::min(seconds, 2.0 * serial_mean);
     if (parallel_mean > 1.1 * serial_mean) parallel = false;
   }
 }

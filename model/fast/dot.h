@@ -1,6 +1,7 @@
-// The dot product of the hand-written CPU kernels (decode_attention.cpp, decoder.cpp): partial sums
-// in kLanes independent lanes, which the compiler vectorises without reassociating (no -ffast-math),
-// so it runs at the vector width of whichever target_clones variant inlines it.
+// The dot product and matrix-vector product of the hand-written CPU kernels (decode_attention.cpp,
+// decoder.cpp): partial sums in kLanes independent lanes, which the compiler vectorises without
+// reassociating (no -ffast-math), so they run at the vector width of whichever target_clones variant
+// holds them.
 #pragma once
 
 #include <cstdint>
@@ -20,5 +21,13 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
   for (int64_t i = full; i < n; ++i) s += a[i] * b[i];
   return s;
 }
+
+constexpr int64_t kRowBlock = 4;  // matvec_rows: output rows computed together
+
+/// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B;
+/// w (rows, cols) row-major. The matrix-vector product of the decoder (defined in decoder.cpp), and
+/// attention's scores (keys · query).
+void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                 int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
 
 }  // namespace nanogpt::model

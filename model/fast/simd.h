@@ -1,7 +1,8 @@
-// What the hand-written CPU loops that work on bf16 share (cross_entropy.cpp, dropout.cpp): one
-// binary built for several instruction sets, and bf16 as its raw 16 bits. The loops are plain C++
-// that GCC vectorises; c10::BFloat16's converting constructor branches on NaN and keeps it from
-// doing so, hence the bit-level conversions here.
+// What the hand-written CPU loops share (cross_entropy.cpp, dropout.cpp, decoder.cpp,
+// decode_attention.cpp): one binary built for several instruction sets, bf16 as its raw 16 bits, and
+// exp and GELU without library calls. The loops are plain C++ that GCC vectorises; a call to libm's
+// expf or erff, or c10::BFloat16's converting constructor (it branches on NaN), keeps it from doing
+// so, hence the branch-free versions here.
 #pragma once
 
 #include <cstdint>
@@ -36,4 +37,49 @@ inline uint16_t float_to_bf16_bits(float v) {
   return static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
 }
 
+/// exp(x) for x <= 0.34 (a little past 0, for the sums of rounded terms that should be 0) within
+/// ~2 ulp: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial, 2^n built in the
+/// exponent bits. x is clamped at -87.3 (2^n stays a normal float): exp(-87.3) ~ 1e-38 is far under
+/// any sum it joins.
+inline float exp_nonpositive(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln2): 1.5 * 2^23 drops the fraction
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;      // x - n ln2, ln2 split so n * 0.693359375 is exact
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
+/// The exact (erf) GELU, v * Phi(v) = 0.5 v (1 + erf(v / sqrt 2)), as torch::gelu's default: within
+/// 4e-7 absolute for every v, and 2.3e-6 relative for v >= -5 (against fp64; fp32 libm's
+/// 1 + erff(v / sqrt 2) is no closer there, and cancels to 0 below -5.5). erfc(z), z = |v| / sqrt 2, comes from the Chebyshev fit in Numerical Recipes
+/// (erfcc: t exp(-z^2 + P(t)), t = 1 / (1 + z/2), fractional error < 1.2e-7 for every z >= 0); then
+/// GELU(v) = v (1 - erfc(z) / 2) for v >= 0 and v erfc(z) / 2 below, so the tail keeps its relative
+/// accuracy where 1 + erf(v / sqrt 2) would cancel.
+inline float gelu_erf(float v) {
+  const float z = (v < 0.0f ? -v : v) * 0.70710678f;
+  const float t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  const float half_erfc = 0.5f * t * exp_nonpositive(p - z * z);
+  return v * (v < 0.0f ? half_erfc : 1.0f - half_erfc);
+}
+
 }  // namespace nanogpt::model
+
