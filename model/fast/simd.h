@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 /// Builds a function for AVX-512, AVX2 and baseline x86-64, picked when the program loads by CPU
@@ -58,14 +59,14 @@ inline float exp_nonpositive(float x) {
   return p * two_n;
 }
 
-/// The exact (erf) GELU, v * Phi(v) = 0.5 v (1 + erf(v / sqrt 2)), as torch::gelu's default: within
-/// 4e-7 absolute for every v, and 2.3e-6 relative for v >= -5 (against fp64; fp32 libm's
-/// 1 + erff(v / sqrt 2) is no closer there, and cancels to 0 below -5.5). erfc(z), z = |v| / sqrt 2, comes from the Chebyshev fit in Numerical Recipes
-/// (erfcc: t exp(-z^2 + P(t)), t = 1 / (1 + z/2), fractional error < 1.2e-7 for every z >= 0); then
-/// GELU(v) = v (1 - erfc(z) / 2) for v >= 0 and v erfc(z) / 2 below, so the tail keeps its relative
-/// accuracy where 1 + erf(v / sqrt 2) would cancel.
-inline float gelu_erf(float v) {
-  const float z = (v < 0.0f ? -v : v) * 0.70710678f;
+/// Phi(v), the standard normal CDF (so GELU(v) = v Phi(v), the exact form of torch::gelu), within
+/// 4e-7 absolute, and 2.3e-6 relative for v >= -5 (against fp64; fp32 libm's 0.5 (1 + erff(v / sqrt 2))
+/// is no closer there, and cancels to 0 below -5.5). erfc(z), z = |v| / sqrt 2, comes from the
+/// Chebyshev fit in Numerical Recipes (erfcc: t exp(-z^2 + P(t)), t = 1 / (1 + z/2), fractional error
+/// < 1.2e-7 for every z >= 0); Phi(v) = 1 - erfc(z) / 2 for v >= 0 and erfc(z) / 2 below, so the
+/// lower tail keeps its relative accuracy where 1 + erf(v / sqrt 2) would cancel.
+inline float normal_cdf(float v) {
+  const float z = std::fabs(v) * 0.70710678f;
   const float t = 1.0f / (1.0f + 0.5f * z);
   float p = 0.17087277f;
   p = p * t - 0.82215223f;
@@ -78,8 +79,11 @@ inline float gelu_erf(float v) {
   p = p * t + 1.00002368f;
   p = p * t - 1.26551223f;
   const float half_erfc = 0.5f * t * exp_nonpositive(p - z * z);
-  return v * (v < 0.0f ? half_erfc : 1.0f - half_erfc);
+  return v < 0.0f ? half_erfc : 1.0f - half_erfc;
 }
+
+/// The exact (erf) GELU, v Phi(v), as torch::gelu's default (accuracy: normal_cdf's).
+inline float gelu_erf(float v) { return v * normal_cdf(v); }
 
 }  // namespace nanogpt::model
 
