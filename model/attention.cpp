@@ -168,10 +168,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   if (qk_norm_) qk = torch::rms_norm(qk, {head_size_}, std::nullopt, qk_norm_eps);
 
   // 2. Rotate: RoPE turns q and k by their positions (both at once), so scores depend on offsets.
-  if (ctx.rope) qk = ctx.rope->apply(qk, ctx.start_pos);
-  auto q_k = qk.split_with_sizes({n_head_, n_kv_head_}, 2);
-  auto q = q_k[0].transpose(1, 2);  // (B, nh, T, hs)
-  auto k = q_k[1].transpose(1, 2);  // (B, nkv, T, hs)
+  torch::Tensor q, k;  // (B, nh, T, hs), (B, nkv, T, hs)
+  if (ctx.rope) {
+    std::tie(q, k) = ctx.rope->apply_split(qk, ctx.start_pos, n_head_);
+  } else {
+    auto q_k = qk.split_with_sizes({n_head_, n_kv_head_}, 2);
+    q = q_k[0].transpose(1, 2);
+    k = q_k[1].transpose(1, 2);
+  }
 
   // Decoding: keys and values of earlier positions come from the cache.
   if (ctx.k_cache) std::tie(k, v) = append_to_cache(k, v, ctx);  // (B, nkv, Tk, hs)

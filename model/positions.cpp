@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/fast/rope.h"
+
 namespace nanogpt::model {
 
 torch::Tensor sinusoidal_table(int64_t n_positions, int64_t n_embd) {
@@ -62,6 +64,7 @@ struct RopeRotation : public torch::autograd::Function<RopeRotation> {
 torch::Tensor Rope::apply(const torch::Tensor& x, int64_t start_pos) {
   const int64_t T = x.size(1);
   cover(start_pos + T);
+  if (rope_rotate_applies(x)) return rope_rotate_split(x, cos2_, sin2_, start_pos, x.size(2)).first.transpose(1, 2);
   if (!cos2_cast_.defined() || cos2_cast_.scalar_type() != x.scalar_type() || cos2_cast_.device() != x.device()) {
     cos2_cast_ = cos2_.to(x.device(), x.scalar_type());
     sin2_cast_ = sin2_.to(x.device(), x.scalar_type());
@@ -69,6 +72,13 @@ torch::Tensor Rope::apply(const torch::Tensor& x, int64_t start_pos) {
   auto cos = cos2_cast_.narrow(0, start_pos, T);  // (T, 1, hs)
   auto sin = sin2_cast_.narrow(0, start_pos, T);
   return RopeRotation::apply(x, cos, sin);  // (B, T, H, hs)
+}
+
+std::pair<torch::Tensor, torch::Tensor> Rope::apply_split(const torch::Tensor& x, int64_t start_pos, int64_t n_first) {
+  cover(start_pos + x.size(1));
+  if (rope_rotate_applies(x)) return rope_rotate_split(x, cos2_, sin2_, start_pos, n_first);  // one pass (fast/rope.h)
+  auto parts = apply(x, start_pos).split_with_sizes({n_first, x.size(2) - n_first}, 2);
+  return {parts[0].transpose(1, 2), parts[1].transpose(1, 2)};
 }
 
 }  // namespace nanogpt::model

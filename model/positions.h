@@ -12,6 +12,8 @@
 
 #include <torch/torch.h>
 
+#include <utility>
+
 namespace nanogpt::model {
 
 /// The sinusoidal table, (n_positions, C) fp32.
@@ -25,8 +27,12 @@ class Rope {
   Rope(int64_t block_size, int64_t head_size, double base);
 
   /// Rotates x (B, T, H, hs) as positions start_pos .. start_pos + T - 1 (any number of heads H,
-  /// so q and k can be rotated in one call). Same shape and dtype; the result is contiguous.
+  /// so q and k can be rotated in one call). Same shape and dtype; on the CPU one fused pass
+  /// (model/fast/rope.h), elsewhere three LibTorch kernels.
   torch::Tensor apply(const torch::Tensor& x, int64_t start_pos);
+  /// The same, returned as heads [0, n_first) (B, n_first, T, hs) and the rest (B, H - n_first, T, hs):
+  /// queries and keys in the layout attention multiplies (contiguous on the CPU).
+  std::pair<torch::Tensor, torch::Tensor> apply_split(const torch::Tensor& x, int64_t start_pos, int64_t n_first);
   /// The fp32 CPU tables' rows for one position, hs values each (cos2 = [cos, cos],
   /// sin2 = [-sin, sin]): for hand-written kernels (decode_attention.h).
   const float* cos2_row(int64_t pos) { return cover(pos + 1), cos2_.data_ptr<float>() + pos * 2 * half_; }

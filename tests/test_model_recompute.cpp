@@ -196,3 +196,42 @@ TEST(RopeRecompute, GradientIsTheInverseRotation) {
   EXPECT_LE(relative_error(y, ref), 1e-6);
   EXPECT_LE(relative_error(dx, dx_ref), 1e-6);
 }
+
+// The fused CPU rotation as attention calls it (Rope::apply_split): x a slice of a wider projection
+// (its rows strided), queries and keys returned apart in (B, heads, T, hs), fp32 and bf16, against
+// the definition in fp64; the gradient with both outputs used and with the keys unused.
+TEST(RopeRecompute, SplitRotationOfAStridedSliceMatchesTheDefinition) {
+  const int64_t B = 2, T = 6, H = 5, n_q = 3, hs = 12, start = 3;
+  torch::manual_seed(5);
+  auto wide = torch::randn({B, T, H * hs + 7}, torch::kDouble);  // a projection wider than q and k
+  auto i = torch::arange(hs / 2, torch::kDouble);
+  auto angle = torch::arange(start, start + T, torch::kDouble).view({T, 1, 1}) * torch::pow(10000.0, -2.0 * i / hs);
+  auto dq = torch::randn({B, n_q, T, hs}, torch::kDouble), dk = torch::randn({B, H - n_q, T, hs}, torch::kDouble);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const double tol = dtype == torch::kFloat ? 1e-6 : 1e-2;
+    for (bool keys_used : {true, false}) {
+      auto x = wide.narrow(-1, 0, H * hs).view({B, T, H, hs}).to(dtype).to(torch::kDouble).requires_grad_(true);
+      auto x1 = x.narrow(-1, 0, hs / 2), x2 = x.narrow(-1, hs / 2, hs / 2);
+      auto ref = torch::cat({x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()}, -1);
+      auto ref_q = ref.narrow(2, 0, n_q).transpose(1, 2), ref_k = ref.narrow(2, n_q, H - n_q).transpose(1, 2);
+      auto ref_loss = (ref_q * dq).sum() + (keys_used ? (ref_k * dk).sum() : torch::zeros({}, torch::kDouble));
+      auto dx_ref = torch::autograd::grad({ref_loss}, {x})[0];
+
+      auto wide_in = wide.to(dtype).requires_grad_(true);
+      auto xin = wide_in.narrow(-1, 0, H * hs).view({B, T, H, hs});  // rows strided by H * hs + 7
+      Rope rope(4, hs, 10000.0);  // tables grow to cover start + T
+      auto [q, k] = rope.apply_split(xin, start, n_q);
+      ASSERT_EQ(q.sizes(), torch::IntArrayRef({B, n_q, T, hs}));
+      ASSERT_EQ(k.sizes(), torch::IntArrayRef({B, H - n_q, T, hs}));
+      EXPECT_TRUE(q.is_contiguous() && k.is_contiguous());
+      EXPECT_EQ(q.scalar_type(), dtype);
+      EXPECT_LE(relative_error(q.to(torch::kDouble), ref_q), tol) << dtype;
+      EXPECT_LE(relative_error(k.to(torch::kDouble), ref_k), tol) << dtype;
+      auto loss = (q.to(torch::kDouble) * dq).sum() + (keys_used ? (k.to(torch::kDouble) * dk).sum() : torch::zeros({}, torch::kDouble));
+      auto dwide = torch::autograd::grad({loss}, {wide_in})[0];
+      EXPECT_LE(relative_error(dwide.narrow(-1, 0, H * hs).reshape({B, T, H, hs}).to(torch::kDouble), dx_ref), tol)
+          << dtype << " keys used " << keys_used;
+      EXPECT_EQ(dwide.narrow(-1, H * hs, 7).abs().sum().item<double>(), 0.0);  // the columns past q and k
+    }
+  }
+}
