@@ -88,6 +88,46 @@ TEST(Bf16, OneRowDenseUnderAutocastMatchesLinear) {
   EXPECT_TRUE(torch::allclose(model::dense(x, w, b), torch::nn::functional::linear(x, w, b), 1e-5, 1e-6));
 }
 
+// Training under autocast, dense() is one autograd node (model/fast/linear.cpp) that must compute
+// what autocast's at::linear computes (PyTorch's F.linear; the C++ frontend's F::linear adds a bias
+// to 3-D inputs after the product, rounding twice): the same bf16 output, bit for bit, and the same gradients for x
+// (fp32 and bf16 inputs), the fp32 weight and the bias (the bias's summed in fp32 here, in bf16
+// there: within bf16 rounding), with and without a bias, for 2-D and 3-D inputs.
+TEST(Bf16, AutocastDenseIsAutocastLinearInOneNode) {
+  SKIP_WITHOUT_BF16();
+  torch::manual_seed(5);
+  for (bool bias : {false, true})
+    for (auto x_dtype : {torch::kFloat, torch::kBFloat16})
+      for (auto shape : {std::vector<int64_t>{37, 24}, std::vector<int64_t>{3, 11, 24}}) {
+        const auto w0 = torch::randn({40, 24}), b0 = torch::randn({40}), x0 = torch::randn(shape).to(x_dtype);
+        auto out_shape = shape;
+        out_shape.back() = 40;
+        const auto dy = torch::randn(out_shape).to(torch::kBFloat16);
+        std::vector<torch::Tensor> out, grads;
+        for (int way = 0; way < 2; ++way) {
+          auto w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_(), x = x0.clone().requires_grad_();
+          torch::Tensor y;
+          {
+            runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+            y = way == 0 ? model::dense(x, w, bias ? b : torch::Tensor())
+                         : torch::linear(x, w, bias ? b : torch::Tensor());  // ATen's, as PyTorch's F.linear
+          }
+          y.backward(dy);
+          out.push_back(y);
+          grads.insert(grads.end(), {x.grad(), w.grad(), bias ? b.grad() : torch::zeros({40})});
+        }
+        const std::string what = std::string(bias ? "bias" : "no bias") + ", x " + c10::toString(x_dtype) +
+                                 ", rank " + std::to_string(shape.size());
+        ASSERT_EQ(out[0].scalar_type(), torch::kBFloat16) << what;
+        EXPECT_TRUE(torch::equal(out[0], out[1])) << what;
+        EXPECT_EQ(grads[0].scalar_type(), x_dtype) << what;
+        EXPECT_EQ(grads[1].scalar_type(), torch::kFloat) << what;
+        EXPECT_TRUE(torch::equal(grads[0], grads[3])) << what << ": dx";
+        EXPECT_TRUE(torch::equal(grads[1], grads[4])) << what << ": dw";
+        EXPECT_TRUE(torch::allclose(grads[2], grads[5], 1e-2, 1e-2)) << what << ": db";
+      }
+}
+
 // One training step under bf16 autocast follows the fp32 step: the forward runs in bf16 (logits
 // bf16, the loss fp32), the loss and the gradients (the optimizer's first moments) agree to bf16
 // precision, the weights stay fp32; then a few dozen bf16 steps learn the batch.
