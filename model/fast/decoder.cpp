@@ -32,12 +32,22 @@ __attribute__((target_clones("avx512f", "fma", "default")))
 void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
   const int64_t full = cols - cols % kLanes;
+  // Large shares (256 KB and up: the full preset's every product, none of the CPU preset's) are
+  // streamed from L3 or memory: the block two ahead is prefetched, a cache line at a time, while
+  // this one computes. Full-preset model (42.6 MB of weights, past the 32 MB L3), 1,000 tokens on a
+  // host whose other tenants came and went: median 0.97 s against 1.30 s over 10 alternating runs,
+  // 1.61 s against 1.83 s over 8 more. The CPU preset's weights (3.2 MB) stay in cache, where the
+  // prefetches only cost (~3%).
+  const bool prefetch = (r1 - r0) * cols >= (int64_t{1} << 16);
   int64_t r = r0;
   for (; r + kRowBlock <= r1; r += kRowBlock) {
     const float* w0 = w + r * cols;
     const float* w1 = w0 + cols;
     const float* w2 = w1 + cols;
     const float* w3 = w2 + cols;
+    if (prefetch && r + 3 * kRowBlock <= r1)
+      for (const float* p = w + (r + 2 * kRowBlock) * cols; p < w + (r + 3 * kRowBlock) * cols; p += kLanes)
+        __builtin_prefetch(p, 0, 0);  // for reading, no temporal locality: streamed once a token
     for (int64_t b = 0; b < B; ++b) {
       const float* xb = x + b * x_stride;
       float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
