@@ -58,7 +58,7 @@ NANOGPT_SIMD_CLONES void scale_to_float(const float* e, float scale, float* out,
 // A row of logits as fp32: fp32 rows are read in place, bf16 and fp16 rows converted into buf.
 const float* load_row(const float* row, int64_t, float*) { return row; }
 const float* load_row(const c10::BFloat16* row, int64_t V, float* buf) {
-  bf16_to_float(reinterpret_cast<const uint16_t*>(row), buf, V);
+  bf16_to_float(bits(row), buf, V);
   return buf;
 }
 const float* load_row(const c10::Half* row, int64_t V, float* buf) {
@@ -68,7 +68,7 @@ const float* load_row(const c10::Half* row, int64_t V, float* buf) {
 
 void store_row(const float* e, float scale, float* out, int64_t V) { scale_to_float(e, scale, out, V); }
 void store_row(const float* e, float scale, c10::BFloat16* out, int64_t V) {
-  scale_to_bf16(e, scale, reinterpret_cast<uint16_t*>(out), V);
+  scale_to_bf16(e, scale, bits(out), V);
 }
 void store_row(const float* e, float scale, c10::Half* out, int64_t V) {
   for (int64_t v = 0; v < V; ++v) out[v] = static_cast<c10::Half>(e[v] * scale);

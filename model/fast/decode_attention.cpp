@@ -8,19 +8,11 @@
 #include <vector>
 
 #include "model/fast/dot.h"
+#include "model/fast/rope.h"
 #include "model/fast/simd.h"
 
 namespace nanogpt::model {
 namespace {
-
-// out = x * cos2 + rotate_half(x) * sin2, rotate_half(x) = [x2, x1] (see positions.h).
-void rotate(const float* x, const float* cos2, const float* sin2, int64_t hs, float* out) {
-  const int64_t half = hs / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    out[i] = x[i] * cos2[i] + x[i + half] * sin2[i];
-    out[i + half] = x[i + half] * cos2[i + half] + x[i] * sin2[i + half];
-  }
-}
 
 // x (hs values) -> out, scaled to RMS 1: out = x / sqrt(mean(x²) + eps). out may be x.
 void rms_normalise(const float* x, int64_t hs, double eps, float* out) {
@@ -37,7 +29,7 @@ void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, 
     rms_normalise(x, hs, qk_norm_eps, scratch);
     x = scratch;
   }
-  if (cos2) rotate(x, cos2, sin2, hs, out);
+  if (cos2) rope_rotate_row<false>(x, out, cos2, sin2, hs / 2);  // out = x cos2 + [x2, x1] sin2
   else std::copy(x, x + hs, out);
 }
 
@@ -127,18 +119,16 @@ void attend_head(const Layout& L, const float* in, const float* kc, const float*
 void decode_attention(const float* in, float* kc, float* vc, float* out, int64_t B, int64_t block, int64_t hs,
                       int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
                       double qk_norm_eps, bool parallel) {
+  // Whole kv groups (a kv head's new key and value, then its query heads) per task, as the decoder's
+  // threads take them.
   const Layout L(block, hs, pos, n_head, n_kv_head);
-  std::vector<float> scratch(hs);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < n_kv_head; ++j)
-      write_new_kv(L, in, kc, vc, b, j, rope_cos2, rope_sin2, qk_norm_eps, scratch.data());
+  const int64_t items = B * n_kv_head;
   const int64_t grain =  // small work stays serial
-      parallel ? std::max<int64_t>(1, 32768 / std::max<int64_t>(1, L.Tk * hs)) : B * n_head;
-  at::parallel_for(0, B * n_head, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(hs), normed(hs), p(L.Tk);
-    for (int64_t bh = begin; bh < end; ++bh)
-      attend_head(L, in, kc, vc, out, bh / n_head, bh % n_head, rope_cos2, rope_sin2, qk_norm_eps, q.data(),
-                  normed.data(), p.data());
+      parallel ? std::max<int64_t>(1, 32768 / std::max<int64_t>(1, L.Tk * hs * L.group)) : items;
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(decode_attention_scratch(block, hs));
+    decode_attention_groups(in, kc, vc, out, block, hs, pos, n_head, n_kv_head, rope_cos2, rope_sin2, qk_norm_eps, begin,
+                            end, scratch.data());
   });
 }
 

@@ -91,7 +91,6 @@ void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x
 
 namespace {
 
-
 // This thread's index in the parallel region and the region's size (0 and 1 outside one).
 int thread_index() {
 #ifdef _OPENMP
@@ -362,9 +361,9 @@ void Decoder::ThreadChoice::record(bool threaded, double seconds) {
     // counted token of each way: a stall only ever adds (measured: 27 us a token, and once 4 ms).
     if (phase % 2 == 1) trial_best[threaded] = std::min(trial_best[threaded], seconds);
     if (phase == kTrial - 1) {
-      serial_mean = trial_best[0];
+      serial_best = trial_best[0];
       parallel_mean = trial_best[1];
-      parallel = parallel_mean < serial_mean;
+      parallel = parallel_mean < serial_best;
       trial_best[0] = trial_best[1] = std::numeric_limits<double>::infinity();
     }
   } else if (threaded) {
@@ -372,8 +371,8 @@ void Decoder::ThreadChoice::record(bool threaded, double seconds) {
     // other thread woken late) does not switch, while a machine that slows every token does within
     // a few. The 10% margin leaves room for the attention's cost growing with the position since
     // the trial.
-    parallel_mean = 0.9 * parallel_mean + 0.1 * std::min(seconds, 2.0 * serial_mean);
-    if (parallel_mean > 1.1 * serial_mean) parallel = false;
+    parallel_mean = 0.9 * parallel_mean + 0.1 * std::min(seconds, 2.0 * serial_best);
+    if (parallel_mean > 1.1 * serial_best) parallel = false;
   }
 }
 

@@ -36,17 +36,12 @@ NANOGPT_SIMD_CLONES void fill_hashes(uint64_t* __restrict h, int64_t first_word,
 }
 
 // bf16 travels as its raw 16 bits (uint16_t) through the vectorised loops (model/fast/simd.h).
-inline float load_float(float v) { return v; }
-inline float load_float(uint16_t bf16) { return bf16_bits_to_float(bf16); }
-inline void store(float v, float* out) { *out = v; }
-inline void store(float v, uint16_t* bf16) { *bf16 = float_to_bf16_bits(v); }
-
 template <typename in_t, typename out_t>
 __attribute__((always_inline)) inline void scale_kept(const uint16_t* __restrict draw, const in_t* __restrict x,
                                                       out_t* __restrict y, int64_t n, uint16_t threshold, float keep) {
   for (int64_t i = 0; i < n; ++i) {
     const float factor = draw[i] >= threshold ? keep : 0.0f;  // x * mask, as the mask tensor it replaces
-    store(load_float(x[i]) * factor, y + i);
+    store_float(load_float(x[i]) * factor, y + i);
   }
 }
 
@@ -59,9 +54,6 @@ NANOGPT_SCALE_KEPT(float, uint16_t, scale_kept_f32_bf16)
 NANOGPT_SCALE_KEPT(uint16_t, float, scale_kept_bf16_f32)
 NANOGPT_SCALE_KEPT(uint16_t, uint16_t, scale_kept_bf16_bf16)
 #undef NANOGPT_SCALE_KEPT
-
-inline const uint16_t* bits(const c10::BFloat16* p) { return reinterpret_cast<const uint16_t*>(p); }
-inline uint16_t* bits(c10::BFloat16* p) { return reinterpret_cast<uint16_t*>(p); }
 
 template <typename in_t, typename out_t>
 void scale_kept_any(const uint16_t* draw, const in_t* x, out_t* y, int64_t n, uint16_t threshold, double keep) {

@@ -10,7 +10,6 @@
 #include <stdexcept>
 #include <utility>
 
-#include "model/fast/simd.h"
 
 namespace nanogpt::model {
 namespace {
@@ -18,31 +17,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Element access in fp32 for both dtypes: fp32 as is, bf16 through its raw bits.
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const uint16_t* p, int64_t i) { return bf16_bits_to_float(p[i]); }
-inline void store(float* p, int64_t i, float v) { p[i] = v; }
-inline void store(uint16_t* p, int64_t i, float v) { p[i] = float_to_bf16_bits(v); }
-
-// One head's row of hs values. Forward: y1 = x1 c1 + x2 s1, y2 = x2 c2 + x1 s2 (s1 = -sin, s2 = sin,
-// c1 = c2 = cos). Backward, the transpose: dx1 = dy1 c1 + dy2 s2, dx2 = dy2 c2 + dy1 s1.
-template <bool kBackward, class T>
-inline void rotate_row(const T* __restrict in, T* __restrict out, const float* __restrict c, const float* __restrict s,
-                       int64_t h) {
-#pragma omp simd
-  for (int64_t i = 0; i < h; ++i) {
-    const float a = load(in, i), b = load(in, i + h);
-    store(out, i, a * c[i] + b * (kBackward ? s[i + h] : s[i]));
-    store(out, i + h, b * c[i + h] + a * (kBackward ? s[i] : s[i + h]));
-  }
-}
-
 // The H head rows of one position: in + head * in_h -> out + head * out_h. Compiled for each
 // instruction set (simd.h) per direction and dtype.
 #define NANOGPT_ROPE_HEADS(name, backward, T)                                                                     \
   NANOGPT_SIMD_CLONES void name(const T* in, int64_t in_h, T* out, int64_t out_h, const float* c, const float* s, \
                                 int64_t H, int64_t h) {                                                           \
-    for (int64_t head = 0; head < H; ++head) rotate_row<backward>(in + head * in_h, out + head * out_h, c, s, h);  \
+    for (int64_t head = 0; head < H; ++head) rope_rotate_row<backward>(in + head * in_h, out + head * out_h, c, s, h); \
   }
 NANOGPT_ROPE_HEADS(forward_f32, false, float)
 NANOGPT_ROPE_HEADS(backward_f32, true, float)
@@ -74,11 +54,6 @@ void rotate_all(bool backward, const T* in, int64_t in_b, int64_t in_t, int64_t 
   });
 }
 
-template <class T>
-T* raw(const torch::Tensor& t) {
-  return reinterpret_cast<T*>(t.data_ptr());
-}
-
 // in -> out, both (B, T, H, hs) views with packed heads (any B, T and head strides), fp32 or bf16 (as
 // raw 16-bit words).
 void rotate(bool backward, const torch::Tensor& in, const torch::Tensor& out, const torch::Tensor& cos2,
@@ -89,8 +64,8 @@ void rotate(bool backward, const torch::Tensor& in, const torch::Tensor& out, co
     rotate_all(backward, in_ptr, in.stride(0), in.stride(1), in.stride(2), out_ptr, out.stride(0), out.stride(1),
                out.stride(2), cos2.data_ptr<float>(), sin2.data_ptr<float>(), B, Tn, H, hs, start);
   };
-  if (in.scalar_type() == torch::kFloat) args(raw<float>(in), raw<float>(out));
-  else args(raw<uint16_t>(in), raw<uint16_t>(out));
+  if (in.scalar_type() == torch::kFloat) args(in.data_ptr<float>(), out.data_ptr<float>());
+  else args(bits(in.data_ptr<c10::BFloat16>()), bits(out.data_ptr<c10::BFloat16>()));
 }
 
 // A (B, T, H, hs) tensor whose rows of hs values are packed: what rotate_all walks.

@@ -9,7 +9,10 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <utility>
+
+#include "model/fast/simd.h"
 
 namespace nanogpt::model {
 
@@ -24,5 +27,19 @@ std::pair<torch::Tensor, torch::Tensor> rope_rotate_split(const torch::Tensor& x
 
 /// Whether rope_rotate_split takes x (else the caller's LibTorch path).
 bool rope_rotate_applies(const torch::Tensor& x);
+
+/// One head's row of 2 h values, fp32 or bf16 (raw bits), with cos2 = [cos, cos] and sin2 = [-sin, sin]
+/// (Rope's table rows). Forward: y1 = x1 cos2_1 + x2 sin2_1, y2 = x2 cos2_2 + x1 sin2_2. Backward, the
+/// transpose: dx1 = dy1 cos2_1 + dy2 sin2_2, dx2 = dy2 cos2_2 + dy1 sin2_1. out must not overlap in.
+template <bool kBackward, class T>
+inline void rope_rotate_row(const T* __restrict in, T* __restrict out, const float* __restrict cos2,
+                            const float* __restrict sin2, int64_t h) {
+#pragma omp simd
+  for (int64_t i = 0; i < h; ++i) {
+    const float a = load_float(in[i]), b = load_float(in[i + h]);
+    store_float(a * cos2[i] + b * (kBackward ? sin2[i + h] : sin2[i]), out + i);
+    store_float(b * cos2[i + h] + a * (kBackward ? sin2[i] : sin2[i + h]), out + i + h);
+  }
+}
 
 }  // namespace nanogpt::model

@@ -5,8 +5,10 @@
 // so, hence the branch-free versions here.
 #pragma once
 
-#include <cstdint>
+#include <c10/util/BFloat16.h>
+
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 /// Builds a function for AVX-512, AVX2 and baseline x86-64, picked when the program loads by CPU
@@ -37,6 +39,16 @@ inline uint16_t float_to_bf16_bits(float v) {
   const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
   return static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
 }
+
+/// Element access in fp32 for the loops that take both dtypes: fp32 as is, bf16 as its raw bits.
+inline float load_float(float v) { return v; }
+inline float load_float(uint16_t bf16) { return bf16_bits_to_float(bf16); }
+inline void store_float(float v, float* out) { *out = v; }
+inline void store_float(float v, uint16_t* bf16) { *bf16 = float_to_bf16_bits(v); }
+
+/// A bf16 tensor's data as the raw 16-bit words the loops take.
+inline const uint16_t* bits(const c10::BFloat16* p) { return reinterpret_cast<const uint16_t*>(p); }
+inline uint16_t* bits(c10::BFloat16* p) { return reinterpret_cast<uint16_t*>(p); }
 
 /// exp(x) for x <= 0.34 (a little past 0, for the sums of rounded terms that should be 0) within
 /// ~2 ulp: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial, 2^n built in the
