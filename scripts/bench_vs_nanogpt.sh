@@ -55,7 +55,7 @@ PY
 seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null 2>&1; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
 peak_gb() { awk '/^peak_kb / { printf "%.2f", $2 / 1048576 }' "$1"; }  # a log ending in time's "peak_kb N"
 rss=(/usr/bin/time -a -f "peak_kb %M")
-tok_per_s() { echo "scale=0; 1999 / ($1 - $2)" | bc -l; }  # t(2000 tokens) - t(1 token)
+tok_per_s() { echo "scale=${4:-0}; ($1 - 1) / ($2 - $3)" | bc -l; }  # N t(N tokens) t(1 token) [decimals]: start-up excluded
 
 cpu_nano=(config/train_shakespeare_char.py --device=cpu --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12
           --n_layer=4 --n_head=4 --n_embd=128 --max_iters="$cpu_iters" --lr_decay_iters="$cpu_iters" --dropout=0.0
@@ -86,7 +86,7 @@ echo "[bench] nanogpt-cpp, full preset ($full_iters iterations)"
 read -r ours_full _ < <(median ours "$work/ours_full.log" 1)
 t2000=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=2000 --num_threads="$threads")
 t1=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")
-rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(peak_gb "$work/ours_full.log") | $(tok_per_s "$t2000" "$t1") | $(printf %.2f "$t1")")
+rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(peak_gb "$work/ours_full.log") | $(tok_per_s 2000 "$t2000" "$t1") | $(printf %.2f "$t1")")
 
 for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   read -r -a cmd <<<"${runner[$name]}"
@@ -108,7 +108,7 @@ for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
     samp=(sample.py --out_dir="$work/$name" --device=cpu --num_samples=1 --compile=False --dtype=float32)
     t2000=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=2000)
     t1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
-    tok=$(tok_per_s "$t2000" "$t1")
+    tok=$(tok_per_s 2000 "$t2000" "$t1")
     start=$(printf %.2f "$t1")
   fi
   rows+=("$name | $ms | $val | $(echo "scale=2; $full / 1000" | bc -l) | $(peak_gb "$work/${name}_full.log") | $tok | $start")
@@ -153,13 +153,13 @@ full_new=${FULL_SAMPLE_TOKENS:-2000}
 full_nano_new=${FULL_SAMPLE_NANO:-2000}
 t_n=$(seconds build/nanogpt sample --out_dir="$work/ours_full" --num_samples=1 --max_new_tokens="$full_new" --num_threads="$threads")
 t_1=$(seconds build/nanogpt sample --out_dir="$work/ours_full" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")
-ours_full_tok=$(echo "scale=0; ($full_new - 1) / ($t_n - $t_1)" | bc -l)
+ours_full_tok=$(tok_per_s "$full_new" "$t_n" "$t_1")
 samp=(sample.py --out_dir="$work/nanoGPT_fp32_full_ckpt" --device=cpu --num_samples=1 --compile=False --dtype=float32)
 (cd "$work/nanoGPT" && "$py" train.py "${full_nano[@]}" --max_iters=1 --compile=False --always_save_checkpoint=True \
    --eval_interval=1 --out_dir="$work/nanoGPT_fp32_full_ckpt" >"$work/nano_full_ckpt.log" 2>&1)
 t_n=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens="$full_nano_new")
 t_1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
-nano_full_tok=$(echo "scale=1; ($full_nano_new - 1) / ($t_n - $t_1)" | bc -l)
+nano_full_tok=$(tok_per_s "$full_nano_new" "$t_n" "$t_1" 1)
 
 echo
 echo "| Tang round | ours ms/iter | ours val @ $tang_iters | nanoGPT + bf16 patch ms/iter | its val @ $tang_iters |"
