@@ -177,17 +177,28 @@ TEST(MlpRecompute, MatchesPlainAutogradForEveryActivation) {
   }
 }
 
-// RoPE from its definition (pairs (i, i + hs/2) turned by pos · base^(-2i/hs)) through autograd in
-// fp64, against Rope::apply, whose backward keeps nothing and rotates the gradient back.
+namespace {
+
+// RoPE from its definition in fp64: the pairs (i, i + hs/2) of x (B, T, H, hs) turned by
+// pos · 10000^(-2i/hs) for positions start .. start + T - 1. Differentiable.
+torch::Tensor rope_by_definition(const torch::Tensor& x, int64_t start) {
+  const int64_t T = x.size(1), hs = x.size(3);
+  auto i = torch::arange(hs / 2, torch::kDouble);
+  auto angle = torch::arange(start, start + T, torch::kDouble).view({T, 1, 1}) * torch::pow(10000.0, -2.0 * i / hs);
+  auto x1 = x.narrow(-1, 0, hs / 2), x2 = x.narrow(-1, hs / 2, hs / 2);
+  return torch::cat({x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()}, -1);
+}
+
+}  // namespace
+
+// RoPE from its definition through autograd in fp64, against Rope::apply, whose backward keeps
+// nothing and rotates the gradient back.
 TEST(RopeRecompute, GradientIsTheInverseRotation) {
   const int64_t B = 2, T = 7, H = 3, hs = 8, start = 5;
   torch::manual_seed(4);
   auto x = torch::randn({B, T, H, hs}, torch::kDouble).requires_grad_(true);
   auto dy = torch::randn({B, T, H, hs}, torch::kDouble);
-  auto i = torch::arange(hs / 2, torch::kDouble);
-  auto angle = torch::arange(start, start + T, torch::kDouble).view({T, 1, 1}) * torch::pow(10000.0, -2.0 * i / hs);
-  auto x1 = x.narrow(-1, 0, hs / 2), x2 = x.narrow(-1, hs / 2, hs / 2);
-  auto ref = torch::cat({x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()}, -1);
+  auto ref = rope_by_definition(x, start);
   auto dx_ref = torch::autograd::grad({ref}, {x}, {dy})[0];
   Rope rope(16, hs, 10000.0);
   auto xf = x.detach().to(torch::kFloat).requires_grad_(true);
@@ -204,15 +215,12 @@ TEST(RopeRecompute, SplitRotationOfAStridedSliceMatchesTheDefinition) {
   const int64_t B = 2, T = 6, H = 5, n_q = 3, hs = 12, start = 3;
   torch::manual_seed(5);
   auto wide = torch::randn({B, T, H * hs + 7}, torch::kDouble);  // a projection wider than q and k
-  auto i = torch::arange(hs / 2, torch::kDouble);
-  auto angle = torch::arange(start, start + T, torch::kDouble).view({T, 1, 1}) * torch::pow(10000.0, -2.0 * i / hs);
   auto dq = torch::randn({B, n_q, T, hs}, torch::kDouble), dk = torch::randn({B, H - n_q, T, hs}, torch::kDouble);
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     const double tol = dtype == torch::kFloat ? 1e-6 : 1e-2;
     for (bool keys_used : {true, false}) {
       auto x = wide.narrow(-1, 0, H * hs).view({B, T, H, hs}).to(dtype).to(torch::kDouble).requires_grad_(true);
-      auto x1 = x.narrow(-1, 0, hs / 2), x2 = x.narrow(-1, hs / 2, hs / 2);
-      auto ref = torch::cat({x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()}, -1);
+      auto ref = rope_by_definition(x, start);
       auto ref_q = ref.narrow(2, 0, n_q).transpose(1, 2), ref_k = ref.narrow(2, n_q, H - n_q).transpose(1, 2);
       auto ref_loss = (ref_q * dq).sum() + (keys_used ? (ref_k * dk).sum() : torch::zeros({}, torch::kDouble));
       auto dx_ref = torch::autograd::grad({ref_loss}, {x})[0];
