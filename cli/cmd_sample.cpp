@@ -31,6 +31,7 @@ struct SampleArgs {
   double top_p = 1.0;
   int64_t seed = 1337;
   std::string device = "auto";
+  std::string dtype = "auto";
   int64_t num_threads = 0;
   bool stream = false;
   bool batch = false;
@@ -47,6 +48,8 @@ void check(const SampleArgs& a) {
   auto bad = [](const std::string& m) { throw std::invalid_argument("[sample] " + m); };
   if (a.num_samples < 1) bad("--num_samples must be >= 1");
   if (a.max_new_tokens < 0) bad("--max_new_tokens must be >= 0");
+  if (a.dtype != "auto" && a.dtype != "float32" && a.dtype != "bfloat16" && a.dtype != "float16")
+    bad("--dtype (" + a.dtype + ") must be auto, float32, bfloat16 or float16");
   if (a.stream && a.batch) bad("--stream prints one sample at a time: drop --batch");
   if (a.beam < 0) bad("--beam must be >= 0 (0 = sample, 1 = greedy, K = beam search with K beams)");
   if (a.beam > 0 && (a.stream || a.batch || a.show_probs || a.no_cache))
@@ -154,6 +157,10 @@ void run_sample(const SampleArgs& a) {
   runtime::set_threads(a.num_threads);
   const auto device = runtime::resolve_device(a.device);
   auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
+  // Autocast for the whole run, as sample.py's ctx: fp32 weights, products in the low precision.
+  const std::string dtype = runtime::resolve_dtype(a.dtype, device);
+  const auto autocast_dtype = dtype == "bfloat16" ? torch::kBFloat16 : dtype == "float16" ? torch::kHalf : torch::kFloat;
+  runtime::AutocastGuard autocast(device, autocast_dtype, autocast_dtype != torch::kFloat);
   const auto prompt = encode_prompt(a, loaded.vocab);
   const std::string prompt_text = loaded.vocab.decode(prompt);
   if (a.beam > 0) return run_beam(a, loaded, prompt, prompt_text);
@@ -199,10 +206,10 @@ void run_sample(const SampleArgs& a) {
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "[sample] %lld tokens in %.2f s: %.0f tok/s (%s, %s, %s)\n", static_cast<long long>(generated),
+  std::fprintf(stderr, "[sample] %lld tokens in %.2f s: %.0f tok/s (%s, %s, %s, %s)\n", static_cast<long long>(generated),
                seconds, generated / std::max(seconds, 1e-9), a.no_cache ? "no cache" : "KV cache",
                a.batch ? fmt::format("batch of {}", a.num_samples).c_str() : "one sample at a time",
-               device.str().c_str());
+               device.str().c_str(), dtype.c_str());
 }
 
 }  // namespace
@@ -221,6 +228,10 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Random seed: same seed, same samples")->capture_default_str();
   cmd->add_option("--device", a->device, "auto | cpu | cuda | cuda:N")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype,
+                  "float32 | bfloat16 | float16 (autocast: the products in that precision) | auto (bfloat16 where the "
+                  "device multiplies it in hardware, else float16 on a GPU and float32 on a CPU)")
+      ->capture_default_str();
   cmd->add_option("--num_threads", a->num_threads, "CPU threads; 0 = all cores")->capture_default_str();
   cmd->add_option("--stop", a->stop, "End a sample right after this string (e.g. a blank line, or 。)");
   cmd->add_flag("--stream", a->stream, "Print characters as they are generated");

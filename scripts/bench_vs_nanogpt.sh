@@ -7,11 +7,12 @@
 #
 # Prints, per run: CPU preset ms/iter (median of iterations 10..N) and val loss at N
 # (N = CPU_ITERS, default 2000), full preset s/iter (median of FULL_ITERS, default 4, after one
-# warm-up), and sampling tok/s of the CPU-preset model (2,000 new tokens, start-up excluded: the time
-# for 2,000 tokens minus the time for 1), the start-up of a sample (process start to the first token:
-# the time for 1 token) and the peak resident memory of the full-preset run (/usr/bin/time's %M);
-# then the Tang poems CPU config against nanoGPT's bf16 patch (TANG_ROUNDS alternating rounds of
-# TANG_ITERS iterations) and sampling the full preset's model (tok/s, start-up excluded).
+# warm-up) and the peak resident memory of the full-preset run (/usr/bin/time's %M); then the Tang
+# poems CPU config against nanoGPT's bf16 patch (TANG_ROUNDS alternating rounds of TANG_ITERS
+# iterations); then sampling the CPU-preset and the full-preset model, 2,000 new tokens, start-up
+# excluded (the time for 2,000 tokens minus the time for 1): ours in its default dtype (auto) and in
+# fp32, nanoGPT's sample.py as it is (fp32 on a CPU) and with the bf16 patch's one-line change made to
+# it; and the start-up of a sample (process start to the first token: the time for 1 token).
 # Run it on an otherwise idle machine: a compiler on the other core slows LibTorch's threads far more
 # than proportionally.
 set -euo pipefail
@@ -84,9 +85,7 @@ echo "[bench] nanogpt-cpp, full preset ($full_iters iterations)"
   --log_interval=1 --max_iters="$full_iters" --eval_interval=100000 --eval_iters=1 --num_threads="$threads" \
   >>"$work/ours_full.log" 2>&1 || true
 read -r ours_full _ < <(median ours "$work/ours_full.log" 1)
-t2000=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=2000 --num_threads="$threads")
-t1=$(seconds build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")
-rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(peak_gb "$work/ours_full.log") | $(tok_per_s 2000 "$t2000" "$t1") | $(printf %.2f "$t1")")
+rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(peak_gb "$work/ours_full.log")")
 
 for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   read -r -a cmd <<<"${runner[$name]}"
@@ -103,19 +102,11 @@ for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   (cd "$work/nanoGPT" && "${rss[@]}" -o "$work/${name}_full.log" "$py" "${cmd[@]}" "${full_nano[@]}" \
      --out_dir="$work/${name}_full" >>"$work/${name}_full.log" 2>&1) || true
   read -r full _ < <(median nanogpt "$work/${name}_full.log" 1)
-  tok="-" start="-"
-  if [[ $name == nanoGPT_fp32 ]]; then  # sampling: nanoGPT's sample.py (fp32 on the CPU, no KV cache)
-    samp=(sample.py --out_dir="$work/$name" --device=cpu --num_samples=1 --compile=False --dtype=float32)
-    t2000=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=2000)
-    t1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
-    tok=$(tok_per_s 2000 "$t2000" "$t1")
-    start=$(printf %.2f "$t1")
-  fi
-  rows+=("$name | $ms | $val | $(echo "scale=2; $full / 1000" | bc -l) | $(peak_gb "$work/${name}_full.log") | $tok | $start")
+  rows+=("$name | $ms | $val | $(echo "scale=2; $full / 1000" | bc -l) | $(peak_gb "$work/${name}_full.log")")
 done
 echo
-echo "| run | CPU preset ms/iter | val @ $cpu_iters | full preset s/iter | full preset peak RSS GB | sampling tok/s (CPU-preset model) | sample start-up s |"
-echo "|---|---|---|---|---|---|---|"
+echo "| run | CPU preset ms/iter | val @ $cpu_iters | full preset s/iter | full preset peak RSS GB |"
+echo "|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "| $r |"; done
 
 # Tang poems CPU config (V = 7,443): ours alternating with nanoGPT + the bf16 patch (its shakespeare_char
@@ -145,28 +136,57 @@ for round in $(seq "${TANG_ROUNDS:-2}"); do
   tang_rows+=("$round | $ours_tang | $ours_tang_val | $nano_tang | $nano_tang_val")
 done
 
-# Sampling the full preset's model (6/6/384, block 256; weights after 1 iteration: speed only), 2,000
-# new tokens each, as the goal measures (nanoGPT's sample.py recomputes the window for every token:
-# ~85 s here. FULL_SAMPLE_NANO=400 takes a fifth of that but flatters it by ~30%: more of its tokens
-# see a short window).
-full_new=${FULL_SAMPLE_TOKENS:-2000}
-full_nano_new=${FULL_SAMPLE_NANO:-2000}
-t_n=$(seconds build/nanogpt sample --out_dir="$work/ours_full" --num_samples=1 --max_new_tokens="$full_new" --num_threads="$threads")
-t_1=$(seconds build/nanogpt sample --out_dir="$work/ours_full" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")
-ours_full_tok=$(tok_per_s "$full_new" "$t_n" "$t_1")
-samp=(sample.py --out_dir="$work/nanoGPT_fp32_full_ckpt" --device=cpu --num_samples=1 --compile=False --dtype=float32)
+# Sampling, 2,000 new tokens each, as the goal measures (nanoGPT's sample.py recomputes the window for
+# every token: ~85 s for the full model in fp32. FULL_SAMPLE_NANO=400 takes a fifth of that but
+# flatters it by ~30%: more of its tokens see a short window). The full model's weights are those
+# after 1 iteration: speed only. nanoGPT's sample.py runs its CPU forward in a nullcontext, as
+# train.py does; sample_bf16.py makes the bf16 patch's one change (autocast in its place) to it.
+cat >"$work/sample_bf16.py" <<'PY'
+import contextlib, runpy, sys
+import torch, torch._dynamo  # noqa: F401  (as run_patch.py)
+contextlib.nullcontext = lambda *a, **k: torch.autocast("cpu", dtype=torch.bfloat16)
+sys.argv = ["sample.py"] + sys.argv[1:]
+runpy.run_path("sample.py", run_name="__main__")
+PY
 (cd "$work/nanoGPT" && "$py" train.py "${full_nano[@]}" --max_iters=1 --compile=False --always_save_checkpoint=True \
    --eval_interval=1 --out_dir="$work/nanoGPT_fp32_full_ckpt" >"$work/nano_full_ckpt.log" 2>&1)
-t_n=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens="$full_nano_new")
-t_1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
-nano_full_tok=$(tok_per_s "$full_nano_new" "$t_n" "$t_1" 1)
+ours_rate() {  # out_dir new_tokens [--dtype=...] -> "tok/s start-up"
+  local n=$2 tn t1
+  tn=$(seconds build/nanogpt sample --out_dir="$1" --num_samples=1 --max_new_tokens="$n" --num_threads="$threads" "${@:3}")
+  t1=$(seconds build/nanogpt sample --out_dir="$1" --num_samples=1 --max_new_tokens=1 --num_threads="$threads" "${@:3}")
+  echo "$(tok_per_s "$n" "$tn" "$t1" 1) $(printf %.2f "$t1")"
+}
+nano_rate() {  # script out_dir new_tokens -> "tok/s start-up"
+  local samp=("$1" --out_dir="$2" --device=cpu --num_samples=1 --compile=False --dtype=float32) n=$3 tn t1
+  tn=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens="$n")
+  t1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
+  echo "$(tok_per_s "$n" "$tn" "$t1" 1) $(printf %.2f "$t1")"
+}
+full_new=${FULL_SAMPLE_TOKENS:-2000}
+full_nano_new=${FULL_SAMPLE_NANO:-2000}
+auto_dtype=$(build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=1 2>&1 >/dev/null |
+  sed -n 's/.*, \([a-z0-9]*\))$/\1/p')
+echo "[bench] sampling"
+sample_rows=()
+read -r a_small a_start < <(ours_rate "$work/ours_cpu" 2000)
+read -r a_full _ < <(ours_rate "$work/ours_full" "$full_new")
+sample_rows+=("nanogpt-cpp, dtype auto ($auto_dtype) | $a_small | $a_full | $a_start")
+read -r f_small f_start < <(ours_rate "$work/ours_cpu" 2000 --dtype=float32)
+read -r f_full _ < <(ours_rate "$work/ours_full" "$full_new" --dtype=float32)
+sample_rows+=("nanogpt-cpp, --dtype=float32 | $f_small | $f_full | $f_start")
+for script in sample.py "$work/sample_bf16.py"; do
+  [[ -d $work/nanoGPT_fp32 ]] && read -r n_small n_start < <(nano_rate "$script" "$work/nanoGPT_fp32" 2000) || n_small="-" n_start="-"
+  read -r n_full _ < <(nano_rate "$script" "$work/nanoGPT_fp32_full_ckpt" "$full_nano_new")
+  label="nanoGPT sample.py (fp32)"
+  [[ $script == sample.py ]] || label="nanoGPT sample.py + CPU bf16 autocast"
+  sample_rows+=("$label | $n_small | $n_full | $n_start")
+done
 
 echo
 echo "| Tang round | ours ms/iter | ours val @ $tang_iters | nanoGPT + bf16 patch ms/iter | its val @ $tang_iters |"
 echo "|---|---|---|---|---|"
 for r in "${tang_rows[@]}"; do echo "| $r |"; done
 echo
-echo "| full model sampling | tok/s |"
-echo "|---|---|"
-echo "| nanogpt-cpp, $full_new new tokens | $ours_full_tok |"
-echo "| nanoGPT sample.py, $full_nano_new new tokens | $nano_full_tok |"
+echo "| sampling, start-up excluded | CPU-preset model tok/s (2000 new) | full-preset model tok/s ($full_new new; nanoGPT $full_nano_new) | start-up s (to the first token) |"
+echo "|---|---|---|---|"
+for r in "${sample_rows[@]}"; do echo "| $r |"; done

@@ -1,17 +1,20 @@
 // The hand-written one-token decoder (model/fast/decoder.h) against the general path
 // (GPT::forward_cached): the same logits and the same cache across the architecture's switches,
 // batches of 1 and 3, past block_size with RoPE; the same tokens from generate and beam search
-// either way; bad input rejected.
+// either way; under CPU bf16 autocast, the fp32 model on bf16-rounded matrices, and close to the
+// general path under autocast; bad input rejected.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "model/fast/decoder.h"
 #include "model/generate.h"
+#include "runtime/device.h"
 
 using namespace nanogpt::model;
 
@@ -77,10 +80,11 @@ std::vector<std::pair<std::string, std::function<void(ModelConfig&)>>> variants(
   };
 }
 
-// max |a - b| <= 1e-5 * max |b| (and a floor for all-tiny logits).
-void expect_close(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
-  const double err = (a - b).abs().max().item<double>(), scale = b.abs().max().item<double>();
-  EXPECT_LE(err, 1e-5 * scale + 1e-6) << what << ": max error " << err << " for logits up to " << scale;
+// max |a - b| <= rtol * max |b| (and a floor for all-tiny logits).
+void expect_close(const torch::Tensor& a, const torch::Tensor& b, const std::string& what, double rtol = 1e-5) {
+  const double err = (a.to(torch::kFloat) - b.to(torch::kFloat)).abs().max().item<double>(),
+               scale = b.to(torch::kFloat).abs().max().item<double>();
+  EXPECT_LE(err, rtol * scale + rtol / 10) << what << ": max error " << err << " for logits up to " << scale;
 }
 
 }  // namespace
@@ -123,6 +127,76 @@ TEST(Decoder, LogitsAndCacheEqualTheGeneralPathAcrossTheSwitches) {
         expect_close(fast.v[l], general.v[l], name + " values");
       }
     }
+  }
+}
+
+// Under CPU bf16 autocast the decoder holds every weight matrix in bf16 and computes in fp32: the
+// same logits and cache as the general path in fp32 on a copy of the model whose matrices are
+// rounded to bf16 (norms and biases not), also when it goes on from a cache the general path filled
+// under autocast (bf16 keys and values); and its logits are about as far from the fp32 model's as
+// those of the general path under autocast (which rounds the products' inputs and outputs as well).
+TEST(Decoder, Bf16WeightsGiveTheFp32ModelOnBf16RoundedMatrices) {
+  c10::InferenceMode inference;
+  auto copy = [](const KVCache& cache) {
+    KVCache c = cache;
+    for (auto* layer : {&c.k, &c.v})
+      for (auto& t : *layer) t = t.clone();
+    return c;
+  };
+  auto max_error = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a.to(torch::kFloat) - b).abs().max().item<double>();
+  };
+  for (const auto& [name, tweak] : variants()) {
+    ModelConfig c = tiny_config();
+    tweak(c);
+    GPT model = perturbed_model(c), rounded = perturbed_model(c);
+    for (auto& p : rounded->parameters())
+      if (p.dim() == 2) p.copy_(p.to(torch::kBFloat16).to(torch::kFloat));
+    std::unique_ptr<Decoder> decoder;
+    {
+      nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+      ASSERT_TRUE(decoder_supports(*model)) << name;
+      decoder = std::make_unique<Decoder>(*model);
+    }
+    ASSERT_TRUE(decoder->bf16_weights()) << name;
+    const int64_t B = 2, prompt = 3, steps = c.pos_encoding == "rope" ? 2 * c.block_size : c.block_size - prompt;
+    torch::manual_seed(11);
+    auto tokens = torch::randint(c.vocab_size, {B, prompt + steps}, torch::kLong);  // (B, prompt + steps)
+    auto head = tokens.narrow(1, 0, prompt);
+    KVCache reference = rounded->make_cache(), exact = model->make_cache(), autocast_general = model->make_cache();
+    rounded->forward_cached(head, reference);
+    model->forward_cached(head, exact);
+    KVCache fast = copy(reference);
+    {
+      nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+      model->forward_cached(head, autocast_general);
+    }
+    KVCache continued = copy(autocast_general), continued_reference = copy(autocast_general);
+    double decoder_error = 0.0, autocast_error = 0.0;
+    for (int64_t s = 0; s < steps; ++s) {
+      const std::string what = name + ", position " + std::to_string(prompt + s);
+      auto next = tokens.select(1, prompt + s), next_column = next.unsqueeze(1);  // (B,), (B, 1)
+      auto want = rounded->forward_cached(next_column, reference);
+      auto want_continued = rounded->forward_cached(next_column, continued_reference);
+      auto fp32 = model->forward_cached(next_column, exact);
+      at::set_num_threads(2);  // both ways of the decoder's thread trial, as above
+      auto got = decoder->step(next, fast);
+      auto got_continued = decoder->step(next, continued);
+      at::set_num_threads(1);
+      expect_close(got, want, what);
+      expect_close(got_continued, want_continued, what + " (from the general path's bf16 prefill)");
+      nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+      auto general = model->forward_cached(next_column, autocast_general);  // (B, V) bf16
+      decoder_error = std::max(decoder_error, max_error(got, fp32));
+      autocast_error = std::max(autocast_error, max_error(general, fp32));
+    }
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      expect_close(fast.k[l], reference.k[l], name + " keys");
+      expect_close(fast.v[l], reference.v[l], name + " values");
+    }
+    EXPECT_GT(decoder_error, 0.0) << name << ": bf16 matrices change the logits";
+    // Measured: 0.2-1.1x autocast's distance (the rounding of the matrices dominates both).
+    EXPECT_LE(decoder_error, 1.5 * autocast_error) << name << ": the decoder's distance from the fp32 logits";
   }
 }
 
@@ -174,6 +248,10 @@ TEST(Decoder, RejectsBadInputAndModelsItCannotRun) {
   EXPECT_FALSE(decoder_supports(*model));
   EXPECT_THROW(Decoder{*model}, std::invalid_argument);
   model->eval();
+  {
+    nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kHalf, true);  // fp16 autocast: not this decoder's
+    EXPECT_FALSE(decoder_supports(*model));
+  }
   model->to(torch::kDouble);
   EXPECT_FALSE(decoder_supports(*model));
 }

@@ -17,6 +17,13 @@
 #include <omp.h>
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NANOGPT_X86_INTRINSICS 1
+#include <immintrin.h>
+#else
+#define NANOGPT_X86_INTRINSICS 0
+#endif
+
 #include "model/attention.h"
 #include "model/fast/decode_attention.h"
 #include "model/fast/dot.h"
@@ -25,68 +32,165 @@
 
 namespace nanogpt::model {
 
-// Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time by CPU feature (as
-// decode_attention.cpp); four rows at a time in independent lanes (as dot()), so each load of x
-// feeds four FMAs and the four rows' final sums interleave.
-__attribute__((target_clones("avx512f", "fma", "default")))
-void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
-                 int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+namespace {
+
+// Four rows' dot products with x finished: the columns past the last whole group of lanes added to
+// the rows' lane sums s, then stored into y (or added to it).
+template <typename W>
+inline __attribute__((always_inline)) void finish_rows(const W* const (&w)[kRowBlock], const float* xb, int64_t full,
+                                                       int64_t cols, float (&s)[kRowBlock], float* yb, bool accumulate) {
+  for (int64_t k = 0; k < kRowBlock; ++k) {
+    for (int64_t i = full; i < cols; ++i) s[k] += load_float(w[k][i]) * xb[i];
+    yb[k] = accumulate ? yb[k] + s[k] : s[k];
+  }
+}
+
+// Large shares of a product (256 KB and up: the full preset's every fp32 product, none of the CPU
+// preset's) are streamed from L3 or memory: the block two ahead is prefetched, a cache line at a
+// time, while this one computes. Full-preset model (42.6 MB of fp32 weights, past the 32 MB L3),
+// 1,000 tokens on a host whose other tenants came and went: median 0.97 s against 1.30 s over 10
+// alternating runs, 1.61 s against 1.83 s over 8 more. The CPU preset's weights (3.2 MB) stay in
+// cache, where the prefetches only cost (~3%).
+template <typename W>
+bool streamed(int64_t r0, int64_t r1, int64_t cols) {
+  return (r1 - r0) * cols * static_cast<int64_t>(sizeof(W)) >= (int64_t{1} << 18);
+}
+template <typename W>
+inline __attribute__((always_inline)) void prefetch_two_ahead(const W* w, int64_t r, int64_t r1, int64_t cols) {
+  if (r + 3 * kRowBlock > r1) return;
+  for (const W* p = w + (r + 2 * kRowBlock) * cols; p < w + (r + 3 * kRowBlock) * cols; p += 64 / sizeof(W))
+    __builtin_prefetch(p, 0, 0);  // for reading, no temporal locality: streamed once a token
+}
+
+// Rows r0 <= r < r1 of w @ x for each of B rows of x, four rows at a time (so each load of x feeds
+// four rows) and the last rows through dot(). sums(w4, xb, full, s) sets s[k] = w4[k] · xb over the
+// first `full` columns (whole groups of kLanes); finish_rows adds the rest.
+template <typename W, typename Sums>
+inline __attribute__((always_inline)) void matvec_rows_blocks(const W* __restrict w, const float* __restrict x,
+                                                               int64_t x_stride, int64_t B, int64_t cols, int64_t r0,
+                                                               int64_t r1, float* __restrict y, int64_t y_stride,
+                                                               bool accumulate, Sums sums) {
   const int64_t full = cols - cols % kLanes;
-  // Large shares (256 KB and up: the full preset's every product, none of the CPU preset's) are
-  // streamed from L3 or memory: the block two ahead is prefetched, a cache line at a time, while
-  // this one computes. Full-preset model (42.6 MB of weights, past the 32 MB L3), 1,000 tokens on a
-  // host whose other tenants came and went: median 0.97 s against 1.30 s over 10 alternating runs,
-  // 1.61 s against 1.83 s over 8 more. The CPU preset's weights (3.2 MB) stay in cache, where the
-  // prefetches only cost (~3%).
-  const bool prefetch = (r1 - r0) * cols >= (int64_t{1} << 16);
+  const bool prefetch = streamed<W>(r0, r1, cols);
   int64_t r = r0;
   for (; r + kRowBlock <= r1; r += kRowBlock) {
-    const float* w0 = w + r * cols;
-    const float* w1 = w0 + cols;
-    const float* w2 = w1 + cols;
-    const float* w3 = w2 + cols;
-    if (prefetch && r + 3 * kRowBlock <= r1)
-      for (const float* p = w + (r + 2 * kRowBlock) * cols; p < w + (r + 3 * kRowBlock) * cols; p += kLanes)
-        __builtin_prefetch(p, 0, 0);  // for reading, no temporal locality: streamed once a token
+    const W* w0 = w + r * cols;
+    const W* const rows[kRowBlock] = {w0, w0 + cols, w0 + 2 * cols, w0 + 3 * cols};
+    if (prefetch) prefetch_two_ahead(w, r, r1, cols);
     for (int64_t b = 0; b < B; ++b) {
-      const float* xb = x + b * x_stride;
-      float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
-      for (int64_t i = 0; i < full; i += kLanes)
-        for (int64_t j = 0; j < kLanes; ++j) {
-          const float xv = xb[i + j];
-          a0[j] += w0[i + j] * xv;
-          a1[j] += w1[i + j] * xv;
-          a2[j] += w2[i + j] * xv;
-          a3[j] += w3[i + j] * xv;
-        }
-      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-      for (int64_t j = 0; j < kLanes; ++j) {
-        s0 += a0[j];
-        s1 += a1[j];
-        s2 += a2[j];
-        s3 += a3[j];
-      }
-      for (int64_t i = full; i < cols; ++i) {
-        s0 += w0[i] * xb[i];
-        s1 += w1[i] * xb[i];
-        s2 += w2[i] * xb[i];
-        s3 += w3[i] * xb[i];
-      }
-      float* yb = y + b * y_stride + r;
-      if (accumulate) {
-        yb[0] += s0, yb[1] += s1, yb[2] += s2, yb[3] += s3;
-      } else {
-        yb[0] = s0, yb[1] = s1, yb[2] = s2, yb[3] = s3;
-      }
+      float s[kRowBlock];
+      sums(rows, x + b * x_stride, full, s);
+      finish_rows(rows, x + b * x_stride, full, cols, s, y + b * y_stride + r, accumulate);
     }
   }
   for (; r < r1; ++r) {  // the last rows, fewer than a block
-    const float* wr = w + r * cols;
+    const W* wr = w + r * cols;
     for (int64_t b = 0; b < B; ++b) {
       const float s = dot(wr, x + b * x_stride, cols);
       y[b * y_stride + r] = accumulate ? y[b * y_stride + r] + s : s;
     }
   }
+}
+
+// The lane sums in plain C++: independent lanes (as dot()) that GCC vectorises at whatever width
+// the target_clones variant has. W is float, or uint16_t for bf16 weights (load_float widens them
+// exactly).
+struct LaneSums {
+  template <typename W>
+  inline __attribute__((always_inline)) void operator()(const W* const (&w)[kRowBlock], const float* __restrict xb,
+                                                        int64_t full, float (&s)[kRowBlock]) const {
+    float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
+    const W *__restrict w0 = w[0], *__restrict w1 = w[1], *__restrict w2 = w[2], *__restrict w3 = w[3];
+    for (int64_t i = 0; i < full; i += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const float xv = xb[i + j];
+        a0[j] += load_float(w0[i + j]) * xv;
+        a1[j] += load_float(w1[i + j]) * xv;
+        a2[j] += load_float(w2[i + j]) * xv;
+        a3[j] += load_float(w3[i + j]) * xv;
+      }
+    for (int64_t k = 0; k < kRowBlock; ++k) s[k] = 0.0f;
+    for (int64_t j = 0; j < kLanes; ++j) {
+      s[0] += a0[j];
+      s[1] += a1[j];
+      s[2] += a2[j];
+      s[3] += a3[j];
+    }
+  }
+};
+
+}  // namespace
+
+// Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time by CPU feature (as
+// decode_attention.cpp).
+__attribute__((target_clones("avx512f", "fma", "default")))
+void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                 int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+  matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, LaneSums{});
+}
+
+namespace {
+
+__attribute__((target_clones("fma", "default")))
+void matvec_rows_bf16_portable(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B,
+                               int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
+                               bool accumulate) {
+  matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, LaneSums{});
+}
+
+#if NANOGPT_X86_INTRINSICS
+// bf16 weights in AVX-512 intrinsics. GCC vectorises LaneSums' bf16 widening over 8 lanes with
+// separate multiplies and adds (full-preset model: 666-704 tok/s against 416-587 in fp32, where
+// the fp32 loop runs 16-lane FMAs); here each step widens 16 weights of four rows (a zero-extend
+// and a shift) into four FMAs with one load of x.
+__attribute__((target("avx512f"), always_inline)) inline __m512 widen(const uint16_t* p) {  // 16 bf16 -> 16 fp32, exactly
+  // The all-ones masked forms: GCC 12 warns that the unmasked ones' undefined pass-through may be
+  // used uninitialised (its bug 105593).
+  const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, wide, 16));
+}
+
+struct Avx512Bf16Sums {
+  __attribute__((target("avx512f"))) inline void operator()(const uint16_t* const (&w)[kRowBlock],
+                                                                            const float* __restrict xb, int64_t full,
+                                                                            float (&s)[kRowBlock]) const {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    for (int64_t i = 0; i < full; i += kLanes) {
+      const __m512 xv = _mm512_loadu_ps(xb + i);
+      a0 = _mm512_fmadd_ps(widen(w[0] + i), xv, a0);
+      a1 = _mm512_fmadd_ps(widen(w[1] + i), xv, a1);
+      a2 = _mm512_fmadd_ps(widen(w[2] + i), xv, a2);
+      a3 = _mm512_fmadd_ps(widen(w[3] + i), xv, a3);
+    }
+    alignas(64) float lanes[kRowBlock][kLanes];  // summed lane by lane as LaneSums
+    _mm512_store_ps(lanes[0], a0);                // (_mm512_reduce_add_ps draws GCC 12's warning too)
+    _mm512_store_ps(lanes[1], a1);
+    _mm512_store_ps(lanes[2], a2);
+    _mm512_store_ps(lanes[3], a3);
+    for (int64_t k = 0; k < kRowBlock; ++k) {
+      s[k] = 0.0f;
+      for (int64_t j = 0; j < kLanes; ++j) s[k] += lanes[k][j];
+    }
+  }
+};
+
+__attribute__((target("avx512f"), flatten))  // flatten: every call inlined, in this target
+void matvec_rows_bf16_avx512(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B,
+                             int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
+                             bool accumulate) {
+  matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, Avx512Bf16Sums{});
+}
+#endif
+
+}  // namespace
+
+void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                 int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+#if NANOGPT_X86_INTRINSICS
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) return matvec_rows_bf16_avx512(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+#endif
+  matvec_rows_bf16_portable(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
 }
 
 namespace {
@@ -126,7 +230,9 @@ void gelu_rows(float* __restrict h, int64_t r0, int64_t r1) {
 }  // namespace
 
 bool decoder_supports(const GPTImpl& model) {
-  if (model.is_training() || torch::GradMode::is_enabled() || at::autocast::is_autocast_enabled(at::kCPU)) return false;
+  if (model.is_training() || torch::GradMode::is_enabled()) return false;
+  if (at::autocast::is_autocast_enabled(at::kCPU) && at::autocast::get_autocast_dtype(at::kCPU) != at::kBFloat16)
+    return false;
   for (const auto& p : model.parameters())
     if (!p.device().is_cpu() || p.scalar_type() != torch::kFloat) return false;
   return true;
@@ -143,14 +249,17 @@ Decoder::Decoder(GPTImpl& model)
       rms_(config_.norm == "rmsnorm"),
       activation_(config_.mlp == "swiglu" ? Activation::swiglu
                    : config_.mlp == "relu2" ? Activation::relu2
-                                            : Activation::gelu) {
+                                            : Activation::gelu),
+      bf16_(at::autocast::is_autocast_enabled(at::kCPU)) {
   if (!decoder_supports(model))
     throw std::invalid_argument(
-        "[model] the hand-written decoder needs an fp32 model on the CPU in eval mode, without autograd or autocast");
+        "[model] the hand-written decoder needs an fp32 model on the CPU in eval mode, without autograd, and CPU "
+        "autocast off or in bf16");
   torch::NoGradGuard no_grad;
   lay_out(model);  // measures
   packed_ = torch::empty({packed_size_}, torch::kFloat);
-  packed_size_ = 0;
+  if (bf16_) packed_bf16_ = torch::empty({packed_bf16_size_}, torch::kBFloat16);
+  packed_size_ = packed_bf16_size_ = 0;
   lay_out(model);  // copies
   if (config_.pos_encoding == "sinusoidal") sinusoid_ = sinusoidal_table(config_.block_size, C_);
   if (config_.pos_encoding == "rope") rope_ = std::make_unique<Rope>(config_.block_size, hs_, config_.rope_base);
@@ -167,6 +276,34 @@ const float* Decoder::pack(const torch::Tensor& t) {
   return dst;
 }
 
+Decoder::Matrix Decoder::pack_matrix(const torch::Tensor& t) {
+  if (!bf16_) return {pack(t), nullptr};
+  if (!t.defined()) return {};
+  const int64_t offset = packed_bf16_size_, n = t.numel();
+  packed_bf16_size_ += (n + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);  // every matrix starts on a 64-byte line
+  if (!packed_bf16_.defined()) return {};
+  auto* dst = bits(packed_bf16_.data_ptr<c10::BFloat16>()) + offset;
+  auto src = t.detach().to(torch::kBFloat16).contiguous();  // LibTorch's rounding, as autocast's cast
+  std::copy(bits(src.data_ptr<c10::BFloat16>()), bits(src.data_ptr<c10::BFloat16>()) + n, dst);
+  return {nullptr, dst};
+}
+
+void Decoder::Matrix::row(int64_t r, int64_t cols, float* out) const {
+  if (f32) std::copy(f32 + r * cols, f32 + (r + 1) * cols, out);
+  else for (int64_t i = 0; i < cols; ++i) out[i] = load_float(bf16[r * cols + i]);
+}
+
+void Decoder::Matrix::add_row(int64_t r, int64_t cols, float* out) const {
+  if (f32) for (int64_t i = 0; i < cols; ++i) out[i] += f32[r * cols + i];
+  else for (int64_t i = 0; i < cols; ++i) out[i] += load_float(bf16[r * cols + i]);
+}
+
+void Decoder::Matrix::rows(const float* x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1,
+                           float* y, int64_t y_stride, bool accumulate) const {
+  if (bf16) matvec_rows(bf16, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+  else matvec_rows(f32, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+}
+
 void Decoder::lay_out(GPTImpl& model) {
   const auto params = model.named_parameters();
   auto get = [&](const std::string& name) {
@@ -177,29 +314,29 @@ void Decoder::lay_out(GPTImpl& model) {
     auto q = get(prefix + "q_proj." + what);
     return q.defined() ? torch::cat({q, get(prefix + "k_proj." + what), get(prefix + "v_proj." + what)}) : q;
   };
-  wte_ = pack(get("wte.weight"));
-  wpe_ = pack(get("wpe.weight"));
+  wte_ = pack_matrix(get("wte.weight"));
+  wpe_ = pack_matrix(get("wpe.weight"));
   layers_.assign(config_.n_layer, Layer{});
   for (int64_t i = 0; i < config_.n_layer; ++i) {
     const std::string p = fmt::format("h.{}.", i);
     Layer& l = layers_[i];
     l.ln_1_w = pack(get(p + "ln_1.weight"));
     l.ln_1_b = pack(get(p + "ln_1.bias"));
-    l.qkv_w = pack(cat(p + "attn.", "weight"));
+    l.qkv_w = pack_matrix(cat(p + "attn.", "weight"));
     l.qkv_b = pack(cat(p + "attn.", "bias"));
-    l.o_w = pack(get(p + "attn.c_proj.weight"));
+    l.o_w = pack_matrix(get(p + "attn.c_proj.weight"));
     l.o_b = pack(get(p + "attn.c_proj.bias"));
     l.ln_2_w = pack(get(p + "ln_2.weight"));
     l.ln_2_b = pack(get(p + "ln_2.bias"));
-    l.fc_w = pack(get(p + "mlp.c_fc.weight"));
+    l.fc_w = pack_matrix(get(p + "mlp.c_fc.weight"));
     l.fc_b = pack(get(p + "mlp.c_fc.bias"));
-    l.proj_w = pack(get(p + "mlp.c_proj.weight"));
+    l.proj_w = pack_matrix(get(p + "mlp.c_proj.weight"));
     l.proj_b = pack(get(p + "mlp.c_proj.bias"));
   }
   ln_f_w_ = pack(get("ln_f.weight"));
   ln_f_b_ = pack(get("ln_f.bias"));
   auto lm_head = get("lm_head.weight");
-  head_ = lm_head.defined() ? pack(lm_head) : wte_;  // tied: the head is wte
+  head_ = lm_head.defined() ? pack_matrix(lm_head) : wte_;  // tied: the head is wte
 }
 
 void Decoder::norm(const float* x, const float* w, const float* b, float* out) const {
@@ -266,10 +403,10 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   float *x = x_.data(), *qkv = qkv_.data(), *att = att_.data(), *hid = hidden_buf_.data();
 
   // Embed: the token's row of wte plus the position's row of wpe or the sinusoidal table.
-  const float* pos_row = wpe_ ? wpe_ + pos * C : sinusoid_.defined() ? sinusoid_.data_ptr<float>() + pos * C : nullptr;
   for (int64_t b = 0; b < B; ++b) {
-    const float* e = wte_ + id[b] * C;
-    for (int64_t i = 0; i < C; ++i) x[b * C + i] = pos_row ? e[i] + pos_row[i] : e[i];
+    wte_.row(id[b], C, x + b * C);
+    if (wpe_) wpe_.add_row(pos, C, x + b * C);
+    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr}.add_row(pos, C, x + b * C);
   }
   const float* cos2 = rope_ ? rope_->cos2_row(pos) : nullptr;
   const float* sin2 = rope_ ? rope_->sin2_row(pos) : nullptr;
@@ -308,19 +445,19 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
       const Layer& l = layers_[i];
       // x + attn(ln_1(x))
       for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_1_w, l.ln_1_b, xn + b * C);
-      matvec_rows(l.qkv_w, xn, C, B, C, q0, q1, qkv, qkv_width_, false);
+      l.qkv_w.rows(xn, C, B, C, q0, q1, qkv, qkv_width_, false);
       add_bias(l.qkv_b, B, q0, q1, qkv, qkv_width_);
 #pragma omp barrier
       decode_attention_groups(qkv, k_cache[i], v_cache[i], att, block, hs_, pos, config_.n_head, nkv_, cos2, sin2,
                               qk_eps, g0, g1, scratch);
 #pragma omp barrier
-      matvec_rows(l.o_w, att, C, B, C, c0, c1, x, C, /*accumulate=*/true);  // the residual add, in place
+      l.o_w.rows(att, C, B, C, c0, c1, x, C, /*accumulate=*/true);  // the residual add, in place
       add_bias(l.o_b, B, c0, c1, x, C);
 #pragma omp barrier
       // x + mlp(ln_2(x)); the activation on each thread's own rows, right after it computed them.
       for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_2_w, l.ln_2_b, xn + b * C);
-      matvec_rows(l.fc_w, xn, C, B, C, h0, h1, hid, fc_out_, false);
-      if (gated) matvec_rows(l.fc_w + H * C, xn, C, B, C, h0, h1, hid + H, fc_out_, false);  // the up half
+      l.fc_w.rows(xn, C, B, C, h0, h1, hid, fc_out_, false);
+      if (gated) l.fc_w.offset(H * C).rows(xn, C, B, C, h0, h1, hid + H, fc_out_, false);  // the up half
       add_bias(l.fc_b, B, h0, h1, hid, fc_out_);
       if (gated) add_bias(l.fc_b ? l.fc_b + H : nullptr, B, h0, h1, hid + H, fc_out_);
       for (int64_t b = 0; b < B; ++b) {
@@ -332,12 +469,12 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
           for (int64_t r = h0; r < h1; ++r) hb[r] = silu(hb[r]) * hb[H + r];  // silu(gate) * up, into the gate's place
       }
 #pragma omp barrier
-      matvec_rows(l.proj_w, hid, fc_out_, B, H, c0, c1, x, C, /*accumulate=*/true);
+      l.proj_w.rows(hid, fc_out_, B, H, c0, c1, x, C, /*accumulate=*/true);
       add_bias(l.proj_b, B, c0, c1, x, C);
 #pragma omp barrier
     }
     for (int64_t b = 0; b < B; ++b) norm(x + b * C, ln_f_w_, ln_f_b_, xn + b * C);
-    matvec_rows(head_, xn, C, B, C, v0, v1, out, V, false);
+    head_.rows(xn, C, B, C, v0, v1, out, V, false);
     if (cap > 0)  // as GPT::head: cap * tanh(logits / cap)
       for (int64_t b = 0; b < B; ++b)
         for (int64_t r = v0; r < v1; ++r) out[b * V + r] = std::tanh(out[b * V + r] / cap) * cap;

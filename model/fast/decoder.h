@@ -22,15 +22,24 @@
 
 namespace nanogpt::model {
 
-/// Whether Decoder can run `model` as it is now: parameters on the CPU in fp32, eval mode, and no
-/// CPU autocast active (under autocast the general path computes in bf16, which this does not).
+/// Whether Decoder can run `model` as it is now: parameters on the CPU in fp32, eval mode, no
+/// autograd, and CPU autocast off or in bf16.
 bool decoder_supports(const GPTImpl& model);
 
 class Decoder {
  public:
   /// Packs a copy of `model`'s weights: build it after the last weight change (one per sampling
-  /// call). Throws std::invalid_argument ("[model] ...") when !decoder_supports(model).
+  /// call). Under CPU bf16 autocast every weight matrix (the embeddings, Q/K/V, the projections,
+  /// the MLP, the head) is packed in bf16, rounded as autocast rounds the weights of its bf16
+  /// products, and widened to fp32 exactly as it is read: half the bytes to stream per token. The
+  /// norms' weights and the biases stay fp32, and so does all arithmetic: the logits are the fp32
+  /// model's on bf16-rounded matrices (autocast also rounds the products' inputs and outputs, and
+  /// keeps the embeddings fp32; this does not), so they match the general path under autocast to
+  /// bf16's precision. Throws std::invalid_argument ("[model] ...") when !decoder_supports(model).
   explicit Decoder(GPTImpl& model);
+
+  /// Whether the matrices are packed in bf16 (built under CPU bf16 autocast).
+  bool bf16_weights() const { return bf16_; }
 
   /// tokens (B,) int64 on the CPU: one new token per sequence, at position cache.length(). Appends
   /// their keys and values to `cache` exactly as GPT::forward_cached does (the same ring layout, so
@@ -41,12 +50,27 @@ class Decoder {
   torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
 
  private:
-  struct Layer {  // pointers into packed_; biases nullptr when the model has none
-    const float *ln_1_w, *ln_1_b, *qkv_w, *qkv_b, *o_w, *o_b, *ln_2_w, *ln_2_b, *fc_w, *fc_b, *proj_w, *proj_b;
+  /// A weight matrix (rows, cols) row-major, in packed_ (fp32) or packed_bf16_ (bf16 bits): one of the two set.
+  struct Matrix {
+    const float* f32 = nullptr;
+    const uint16_t* bf16 = nullptr;
+    /// Rows r0 <= r < r1 of this @ x for each of B rows of x: matvec_rows on whichever is set.
+    void rows(const float* x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1, float* y,
+              int64_t y_stride, bool accumulate) const;
+    Matrix offset(int64_t n) const { return {f32 ? f32 + n : nullptr, bf16 ? bf16 + n : nullptr}; }
+    void row(int64_t r, int64_t cols, float* out) const;      // out = row r, in fp32
+    void add_row(int64_t r, int64_t cols, float* out) const;  // out += row r
+    explicit operator bool() const { return f32 || bf16; }
   };
-  /// Walks the model's weights in a fixed order through pack(): once to measure, once to copy.
+  struct Layer {  // pointers into packed_ and packed_bf16_; biases nullptr when the model has none
+    const float *ln_1_w, *ln_1_b, *qkv_b, *o_b, *ln_2_w, *ln_2_b, *fc_b, *proj_b;
+    Matrix qkv_w, o_w, fc_w, proj_w;
+  };
+  /// Walks the model's weights in a fixed order through pack() and pack_matrix(): once to measure,
+  /// once to copy.
   void lay_out(GPTImpl& model);
   const float* pack(const torch::Tensor& t);  // its copy in packed_; nullptr while measuring or for an undefined t
+  Matrix pack_matrix(const torch::Tensor& t);  // pack(t), or its bf16 copy in packed_bf16_ when bf16_
   void norm(const float* x, const float* w, const float* b, float* out) const;  // one row of C
   /// Makes cache layer tensors (B, nkv, block, hs) fp32 contiguous, keeping the filled slots.
   void ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const;
@@ -55,10 +79,13 @@ class Decoder {
   int64_t C_, hs_, nkv_, qkv_width_, fc_out_, hidden_;
   bool rms_;
   enum class Activation { gelu, relu2, swiglu } activation_;
-  torch::Tensor packed_;  // every weight the decoder reads, fp32, one allocation
-  int64_t packed_size_ = 0;  // floats placed so far by pack()
+  bool bf16_;
+  torch::Tensor packed_;       // every fp32 weight the decoder reads, one allocation
+  torch::Tensor packed_bf16_;  // bf16_: the matrices, one allocation
+  int64_t packed_size_ = 0, packed_bf16_size_ = 0;  // elements placed so far in each
   std::vector<Layer> layers_;
-  const float *wte_ = nullptr, *wpe_ = nullptr, *ln_f_w_ = nullptr, *ln_f_b_ = nullptr, *head_ = nullptr;
+  const float *ln_f_w_ = nullptr, *ln_f_b_ = nullptr;
+  Matrix wte_, wpe_, head_;  // wpe_ empty unless learned positions
   torch::Tensor sinusoid_;        // (block_size, C), sinusoidal positions only
   std::unique_ptr<Rope> rope_;    // RoPE only: its own tables, the same values as the model's
   std::vector<float> x_, xn_, qkv_, att_, hidden_buf_, attention_scratch_;  // per-token scratch, sized for B rows
