@@ -154,7 +154,7 @@ ours_rate() {  # out_dir new_tokens [--dtype=...] -> "tok/s start-up"
   local n=$2 tn t1
   tn=$(seconds build/nanogpt sample --out_dir="$1" --num_samples=1 --max_new_tokens="$n" --num_threads="$threads" "${@:3}")
   t1=$(seconds build/nanogpt sample --out_dir="$1" --num_samples=1 --max_new_tokens=1 --num_threads="$threads" "${@:3}")
-  echo "$(tok_per_s "$n" "$tn" "$t1" 1) $(printf %.2f "$t1")"
+  echo "$(tok_per_s "$n" "$tn" "$t1") $(printf %.2f "$t1")"
 }
 nano_rate() {  # script out_dir new_tokens -> "tok/s start-up"
   local samp=("$1" --out_dir="$2" --device=cpu --num_samples=1 --compile=False --dtype=float32) n=$3 tn t1
