@@ -53,7 +53,7 @@ else:
 print(f"{statistics.median(ms) if ms else float('nan'):.2f} {val[-1] if val else 'n/a'}")
 PY
 }
-seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null 2>&1; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
+seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null 2>&1 || return 1; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
 peak_gb() { awk '/^peak_kb / { printf "%.2f", $2 / 1048576 }' "$1"; }  # a log ending in time's "peak_kb N"
 rss=(/usr/bin/time -a -f "peak_kb %M")
 tok_per_s() { echo "scale=${4:-0}; ($1 - 1) / ($2 - $3)" | bc -l; }  # N t(N tokens) t(1 token) [decimals]: start-up excluded
@@ -142,8 +142,9 @@ done
 # after 1 iteration: speed only. nanoGPT's sample.py runs its CPU forward in a nullcontext, as
 # train.py does; sample_bf16.py makes the bf16 patch's one change (autocast in its place) to it.
 cat >"$work/sample_bf16.py" <<'PY'
-import contextlib, runpy, sys
+import contextlib, os, runpy, sys
 import torch, torch._dynamo  # noqa: F401  (as run_patch.py)
+sys.path.insert(0, os.getcwd())  # sample.py imports nanoGPT's model.py
 contextlib.nullcontext = lambda *a, **k: torch.autocast("cpu", dtype=torch.bfloat16)
 sys.argv = ["sample.py"] + sys.argv[1:]
 runpy.run_path("sample.py", run_name="__main__")
@@ -158,8 +159,9 @@ ours_rate() {  # out_dir new_tokens [--dtype=...] -> "tok/s start-up"
 }
 nano_rate() {  # script out_dir new_tokens -> "tok/s start-up"
   local samp=("$1" --out_dir="$2" --device=cpu --num_samples=1 --compile=False --dtype=float32) n=$3 tn t1
-  tn=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens="$n")
-  t1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1)
+  tn=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens="$n") &&
+    t1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1) ||
+    { echo "[bench] $1 --out_dir=$2 failed" >&2; echo "- -"; return 0; }
   echo "$(tok_per_s "$n" "$tn" "$t1" 1) $(printf %.2f "$t1")"
 }
 full_new=${FULL_SAMPLE_TOKENS:-2000}

@@ -151,9 +151,8 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 widen(const uint
 }
 
 struct Avx512Bf16Sums {
-  __attribute__((target("avx512f"))) inline void operator()(const uint16_t* const (&w)[kRowBlock],
-                                                                            const float* __restrict xb, int64_t full,
-                                                                            float (&s)[kRowBlock]) const {
+  __attribute__((target("avx512f"))) void operator()(const uint16_t* const (&w)[kRowBlock], const float* __restrict xb,
+                                                      int64_t full, float (&s)[kRowBlock]) const {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
     for (int64_t i = 0; i < full; i += kLanes) {
       const __m512 xv = _mm512_loadu_ps(xb + i);
