@@ -122,6 +122,13 @@ TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
   auto probs = run(base + "--seed=7 --show_probs --max_new_tokens=5", dir.path);
   ASSERT_EQ(probs.rc, 0) << probs.err;
   EXPECT_NE(probs.out.find("[probs]"), std::string::npos) << probs.out;
+  // --dtype: sample.py's key; the summary line names the dtype the run used.
+  auto fp32 = run(base + "--seed=7 --dtype=float32", dir.path), bf16 = run(base + "--seed=7 --dtype=bfloat16", dir.path);
+  ASSERT_EQ(fp32.rc, 0) << fp32.err;
+  ASSERT_EQ(bf16.rc, 0) << bf16.err;
+  EXPECT_NE(fp32.err.find("cpu, float32)"), std::string::npos) << fp32.err;
+  EXPECT_NE(bf16.err.find("cpu, bfloat16)"), std::string::npos) << bf16.err;
+  expect_one_error_line(run(base + "--dtype=fp8", dir.path), "--dtype");
   expect_one_error_line(run(base + "--beam=-1", dir.path), "--beam");
   expect_one_error_line(run(base + "--beam=2 --stream", dir.path), "--beam");
   auto stopped = run(base + "--seed=7 --stop=e --start=T --max_new_tokens=400 --temperature=1", dir.path);
