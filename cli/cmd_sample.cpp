@@ -159,7 +159,7 @@ void run_sample(const SampleArgs& a) {
   auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
   // Autocast for the whole run, as sample.py's ctx: fp32 weights, products in the low precision.
   const std::string dtype = runtime::resolve_dtype(a.dtype, device);
-  const auto autocast_dtype = dtype == "bfloat16" ? torch::kBFloat16 : dtype == "float16" ? torch::kHalf : torch::kFloat;
+  const auto autocast_dtype = runtime::autocast_dtype(dtype);
   runtime::AutocastGuard autocast(device, autocast_dtype, autocast_dtype != torch::kFloat);
   const auto prompt = encode_prompt(a, loaded.vocab);
   const std::string prompt_text = loaded.vocab.decode(prompt);

@@ -106,6 +106,12 @@ std::string resolve_dtype(const std::string& dtype, torch::Device device) {
   return device.is_cuda() ? "float16" : "float32";
 }
 
+torch::ScalarType autocast_dtype(const std::string& dtype) {
+  if (dtype == "bfloat16") return torch::kBFloat16;
+  if (dtype == "float16") return torch::kHalf;
+  return torch::kFloat;
+}
+
 torch::Device resolve_device(const std::string& name) {
   load_cuda(name);  // before LibTorch is first asked about CUDA
   if (name == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);

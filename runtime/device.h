@@ -40,6 +40,9 @@ bool has_fast_bf16(torch::Device device);
 /// values are returned unchanged.
 std::string resolve_dtype(const std::string& dtype, torch::Device device);
 
+/// The autocast dtype of a resolved dtype value: kBFloat16, kHalf, or kFloat (no autocast).
+torch::ScalarType autocast_dtype(const std::string& dtype);
+
 /// Resolves "auto" | "cpu" | "cuda" | "cuda:N" to a device, loading LibTorch's CUDA half first when
 /// the name may mean a GPU (runtime/cuda_plugin.h). Throws "[device] ..." when CUDA is asked for and
 /// not available (names the LibTorch build and a hint).

@@ -12,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "data/utf8.h"
+#include "runtime/device.h"
 
 #include <algorithm>
 #include <array>
@@ -327,11 +328,7 @@ std::vector<std::string> config_keys() {
   return names;
 }
 
-torch::ScalarType TrainConfig::autocast_dtype() const {
-  if (dtype == "bfloat16") return torch::kBFloat16;
-  if (dtype == "float16") return torch::kHalf;
-  return torch::kFloat;
-}
+torch::ScalarType TrainConfig::autocast_dtype() const { return runtime::autocast_dtype(dtype); }
 
 void TrainConfig::validate() const {
   // Each rule is written as what must hold, so NaN (never parsed, but settable in code) fails too.
