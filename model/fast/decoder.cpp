@@ -264,27 +264,30 @@ Decoder::Decoder(GPTImpl& model)
   if (config_.pos_encoding == "rope") rope_ = std::make_unique<Rope>(config_.block_size, hs_, config_.rope_base);
 }
 
-const float* Decoder::pack(const torch::Tensor& t) {
+namespace {
+
+// Places t, flattened and converted to `buffer`'s dtype by LibTorch's copy (its rounding, as
+// autocast's cast), at element `size` of `buffer`, and moves `size` on to the next 64-byte line.
+// While measuring (buffer undefined) it only counts and returns nullptr; nullptr for an undefined t.
+void* place(torch::Tensor& buffer, int64_t& size, const torch::Tensor& t, torch::ScalarType dtype) {
   if (!t.defined()) return nullptr;
-  const int64_t offset = packed_size_, n = t.numel();
-  packed_size_ += (n + kLanes - 1) / kLanes * kLanes;  // every matrix starts on a 64-byte line
-  if (!packed_.defined()) return nullptr;
-  float* dst = packed_.data_ptr<float>() + offset;
-  auto src = t.detach().to(torch::kFloat).contiguous();
-  std::copy(src.data_ptr<float>(), src.data_ptr<float>() + n, dst);
-  return dst;
+  const int64_t offset = size, n = t.numel(), line = 64 / static_cast<int64_t>(c10::elementSize(dtype));
+  size += (n + line - 1) / line * line;  // every matrix starts on a 64-byte line
+  if (!buffer.defined()) return nullptr;
+  auto dst = buffer.narrow(0, offset, n);
+  dst.copy_(t.detach().reshape({-1}));
+  return dst.data_ptr();
+}
+
+}  // namespace
+
+const float* Decoder::pack(const torch::Tensor& t) {
+  return static_cast<const float*>(place(packed_, packed_size_, t, torch::kFloat));
 }
 
 Decoder::Matrix Decoder::pack_matrix(const torch::Tensor& t) {
   if (!bf16_) return {pack(t), nullptr};
-  if (!t.defined()) return {};
-  const int64_t offset = packed_bf16_size_, n = t.numel();
-  packed_bf16_size_ += (n + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);  // every matrix starts on a 64-byte line
-  if (!packed_bf16_.defined()) return {};
-  auto* dst = bits(packed_bf16_.data_ptr<c10::BFloat16>()) + offset;
-  auto src = t.detach().to(torch::kBFloat16).contiguous();  // LibTorch's rounding, as autocast's cast
-  std::copy(bits(src.data_ptr<c10::BFloat16>()), bits(src.data_ptr<c10::BFloat16>()) + n, dst);
-  return {nullptr, dst};
+  return {nullptr, static_cast<const uint16_t*>(place(packed_bf16_, packed_bf16_size_, t, torch::kBFloat16))};
 }
 
 void Decoder::Matrix::row(int64_t r, int64_t cols, float* out) const {

@@ -1,7 +1,8 @@
 // The whole model's forward for one new token per sequence, on the CPU in fp32, as hand-written
-// loops over one packed copy of the weights (its matrices in bf16 under CPU bf16 autocast). Sampling the CPU-preset model through LibTorch ran
-// ~60 small kernels per token (norms, matrix-vector products, adds, the activation), each a few
-// microseconds of dispatch for a few thousand flops: most of the time per token was dispatch. Here
+// loops over one packed copy of the weights (its matrices in bf16 under CPU bf16 autocast).
+// Sampling the CPU-preset model through LibTorch ran ~60 small kernels per token (norms,
+// matrix-vector products, adds, the activation), each a few microseconds of dispatch for a few
+// thousand flops: most of the time per token was dispatch. Here
 // a token is embedded, run through every block and the head with raw pointers: vectorised
 // matrix-vector products split by output rows over the threads (each thread always gets the same
 // rows, so its share of the weights stays in its own cache), norms and residual adds in place, no
