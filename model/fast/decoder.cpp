@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -119,77 +120,115 @@ struct LaneSums {
   }
 };
 
-}  // namespace
-
-// Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time by CPU feature (as
-// decode_attention.cpp).
-__attribute__((target_clones("avx512f", "fma", "default")))
-void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
-                 int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+// Without AVX-512 (fp32 or bf16 weights): compiled for AVX + FMA and plain x86-64, picked at load
+// time by CPU feature (as decode_attention.cpp).
+__attribute__((target_clones("fma", "default")))
+void matvec_rows_portable(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B,
+                          int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
+                          bool accumulate) {
   matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, LaneSums{});
 }
 
-namespace {
-
 __attribute__((target_clones("fma", "default")))
-void matvec_rows_bf16_portable(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B,
-                               int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
-                               bool accumulate) {
+void matvec_rows_portable(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B,
+                          int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
+                          bool accumulate) {
   matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, LaneSums{});
 }
 
 #if NANOGPT_X86_INTRINSICS
-// bf16 weights in AVX-512 intrinsics. GCC vectorises LaneSums' bf16 widening over 8 lanes with
-// separate multiplies and adds (full-preset model: 666-704 tok/s against 416-587 in fp32, where
-// the fp32 loop runs 16-lane FMAs); here each step widens 16 weights of four rows (a zero-extend
-// and a shift) into four FMAs with one load of x.
-__attribute__((target("avx512f"), always_inline)) inline __m512 widen(const uint16_t* p) {  // 16 bf16 -> 16 fp32, exactly
+// The four rows' lane sums a0..a3 (16 lanes each) -> s[0..3]: a transpose-and-add tree, 9 shuffles
+// and 6 adds for all four. (Lane by lane in scalar code, as LaneSums, was 64 dependent adds: about
+// as many instructions as the FMAs of a 384-wide row, and most of those of a 64-wide key's score.)
+__attribute__((target("avx512f"), always_inline)) inline void sum_lanes(__m512 a0, __m512 a1, __m512 a2, __m512 a3,
+                                                                       float (&s)[kRowBlock]) {
+  // (The all-ones masked forms, as in load16() below: GCC 12's bug 105593.)
+  constexpr __mmask16 all = 0xFFFF;
+  // 256-bit halves: u01 = [a0 lo + a0 hi | a1 lo + a1 hi], 8 partial sums of each row
+  const __m512 u01 =
+      _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, a0, a1, 0x44), _mm512_maskz_shuffle_f32x4(all, a0, a1, 0xEE));
+  const __m512 u23 =
+      _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, a2, a3, 0x44), _mm512_maskz_shuffle_f32x4(all, a2, a3, 0xEE));
+  // 128-bit quarters: v = [row 0 | row 1 | row 2 | row 3], 4 partial sums each
+  const __m512 v =
+      _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, u01, u23, 0x88), _mm512_maskz_shuffle_f32x4(all, u01, u23, 0xDD));
+  // within each quarter: 4 -> 2 -> 1
+  const __m512 w = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, 0x4E));
+  const __m512 x = _mm512_add_ps(w, _mm512_maskz_permute_ps(all, w, 0xB1));
+  alignas(64) float lanes[kLanes];
+  _mm512_store_ps(lanes, x);
+  for (int64_t k = 0; k < kRowBlock; ++k) s[k] = lanes[4 * k];
+}
+
+// 16 weights as fp32: loaded, or bf16 widened exactly (a zero-extend and a shift). GCC vectorises
+// LaneSums' bf16 widening over 8 lanes with separate multiplies and adds (full-preset model: 666-704
+// tok/s against 416-587 in fp32, where the fp32 loop runs 16-lane FMAs); the intrinsics below feed
+// 16-lane FMAs either way.
+__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const uint16_t* p) {
   // The all-ones masked forms: GCC 12 warns that the unmasked ones' undefined pass-through may be
   // used uninitialised (its bug 105593).
   const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, wide, 16));
 }
 
-struct Avx512Bf16Sums {
-  __attribute__((target("avx512f"))) void operator()(const uint16_t* const (&w)[kRowBlock], const float* __restrict xb,
+// The lane sums in AVX-512 intrinsics: 16 weights of each of four rows into four FMAs per load of
+// x, then sum_lanes' tree (GCC keeps LaneSums' lane-by-lane order: it may not reassociate).
+struct Avx512Sums {
+  template <typename W>
+  __attribute__((target("avx512f"))) void operator()(const W* const (&w)[kRowBlock], const float* __restrict xb,
                                                       int64_t full, float (&s)[kRowBlock]) const {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
     for (int64_t i = 0; i < full; i += kLanes) {
       const __m512 xv = _mm512_loadu_ps(xb + i);
-      a0 = _mm512_fmadd_ps(widen(w[0] + i), xv, a0);
-      a1 = _mm512_fmadd_ps(widen(w[1] + i), xv, a1);
-      a2 = _mm512_fmadd_ps(widen(w[2] + i), xv, a2);
-      a3 = _mm512_fmadd_ps(widen(w[3] + i), xv, a3);
+      a0 = _mm512_fmadd_ps(load16(w[0] + i), xv, a0);
+      a1 = _mm512_fmadd_ps(load16(w[1] + i), xv, a1);
+      a2 = _mm512_fmadd_ps(load16(w[2] + i), xv, a2);
+      a3 = _mm512_fmadd_ps(load16(w[3] + i), xv, a3);
     }
-    alignas(64) float lanes[kRowBlock][kLanes];  // summed lane by lane as LaneSums
-    _mm512_store_ps(lanes[0], a0);                // (_mm512_reduce_add_ps draws GCC 12's warning too)
-    _mm512_store_ps(lanes[1], a1);
-    _mm512_store_ps(lanes[2], a2);
-    _mm512_store_ps(lanes[3], a3);
-    for (int64_t k = 0; k < kRowBlock; ++k) {
-      s[k] = 0.0f;
-      for (int64_t j = 0; j < kLanes; ++j) s[k] += lanes[k][j];
-    }
+    sum_lanes(a0, a1, a2, a3, s);
   }
 };
 
+template <typename W>
 __attribute__((target("avx512f"), flatten))  // flatten: every call inlined, in this target
-void matvec_rows_bf16_avx512(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B,
-                             int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
-                             bool accumulate) {
-  matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, Avx512Bf16Sums{});
+void matvec_rows_avx512(const W* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                        int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+  matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, Avx512Sums{});
+}
+
+// The AVX-512 kernels where the CPU has it, else the portable ones; NANOGPT_KERNELS=portable picks
+// the portable ones anyway (the tests run them so on a CPU with AVX-512).
+bool has_avx512() {
+  static const bool yes = [] {
+    const char* kernels = std::getenv("NANOGPT_KERNELS");
+    if (kernels && std::string(kernels) == "portable") return false;
+    __builtin_cpu_init();
+    return static_cast<bool>(__builtin_cpu_supports("avx512f"));
+  }();
+  return yes;
 }
 #endif
 
+template <typename W>
+void matvec_rows_any(const W* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                     int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+#if NANOGPT_X86_INTRINSICS
+  if (has_avx512()) return matvec_rows_avx512(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+#endif
+  matvec_rows_portable(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+}
+
 }  // namespace
+
+void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                 int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+  matvec_rows_any(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+}
 
 void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
-#if NANOGPT_X86_INTRINSICS
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) return matvec_rows_bf16_avx512(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
-#endif
-  matvec_rows_bf16_portable(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+  matvec_rows_any(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
 }
 
 namespace {

@@ -30,7 +30,9 @@ constexpr int64_t kRowBlock = 4;  // matvec_rows: output rows computed together
 /// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B;
 /// w (rows, cols) row-major. The matrix-vector product of the decoder (defined in decoder.cpp), and
 /// attention's scores (keys · query). The second form takes w in bf16 (raw bits): each weight is
-/// widened to fp32 exactly, so the products and sums are fp32 as in the first.
+/// widened to fp32 exactly, so the products and sums are fp32 as in the first. Both run AVX-512
+/// intrinsics where the CPU has it, else portable code; the environment variable
+/// NANOGPT_KERNELS=portable picks the portable code anyway.
 void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
 void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
