@@ -7,8 +7,8 @@
 // matrix-vector products split by output rows over the threads (each thread always gets the same
 // rows, so its share of the weights stays in its own cache), norms and residual adds in place, no
 // tensor allocated but the logits. The general path (GPT::forward_cached) stays the reference;
-// tests/test_model_decoder.cpp holds the two equal across the architecture's switches (in bf16, the
-// general path on the same bf16-rounded matrices).
+// tests/test_model_decoder.cpp holds the two equal across the architecture's switches (in bf16, as
+// close to the fp32 model as the general path under autocast).
 #pragma once
 
 #include <torch/torch.h>
@@ -33,11 +33,12 @@ class Decoder {
   /// Packs a copy of `model`'s weights: build it after the last weight change (one per sampling
   /// call). Under CPU bf16 autocast every weight matrix (the embeddings, Q/K/V, the projections,
   /// the MLP, the head) is packed in bf16, rounded as autocast rounds the weights of its bf16
-  /// products, and widened to fp32 exactly as it is read: half the bytes to stream per token. The
-  /// norms' weights and the biases stay fp32, and so does all arithmetic: the logits are the fp32
-  /// model's on bf16-rounded matrices (autocast also rounds the products' inputs and outputs, and
-  /// keeps the embeddings fp32; this does not), so they match the general path under autocast to
-  /// bf16's precision. Throws std::invalid_argument ("[model] ...") when !decoder_supports(model).
+  /// products: half the bytes to stream per token. Each product then takes its input rounded to
+  /// bf16 too, as autocast's do, and sums the exact products in fp32 (matvec_rows); the norms'
+  /// weights, the biases and everything between the products stay fp32 (autocast also rounds each
+  /// product's output, and keeps the embeddings fp32; this does not), so the logits match the
+  /// general path under autocast to bf16's precision. Throws std::invalid_argument ("[model] ...")
+  /// when !decoder_supports(model).
   explicit Decoder(GPTImpl& model);
 
   /// Whether the matrices are packed in bf16 (built under CPU bf16 autocast).

@@ -12,16 +12,16 @@ namespace nanogpt::model {
 
 constexpr int64_t kLanes = 16;  // independent partial sums: one AVX-512 register
 
-/// a · b over n elements: a fp32, or bf16 as its raw bits (simd.h's load_float), b fp32.
-template <typename A>
-inline float dot(const A* __restrict a, const float* __restrict b, int64_t n) {
+/// a · b over n elements, each fp32 or bf16 as its raw bits (simd.h's load_float), summed in fp32.
+template <typename A, typename B>
+inline float dot(const A* __restrict a, const B* __restrict b, int64_t n) {
   const int64_t full = n - n % kLanes;
   float lanes[kLanes] = {};
   for (int64_t i = 0; i < full; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += load_float(a[i + j]) * b[i + j];
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += load_float(a[i + j]) * load_float(b[i + j]);
   float s = 0.0f;
   for (int64_t j = 0; j < kLanes; ++j) s += lanes[j];
-  for (int64_t i = full; i < n; ++i) s += load_float(a[i]) * b[i];
+  for (int64_t i = full; i < n; ++i) s += load_float(a[i]) * load_float(b[i]);
   return s;
 }
 
@@ -29,10 +29,11 @@ constexpr int64_t kRowBlock = 4;  // matvec_rows: output rows computed together
 
 /// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B;
 /// w (rows, cols) row-major. The matrix-vector product of the decoder (defined in decoder.cpp), and
-/// attention's scores (keys · query). The second form takes w in bf16 (raw bits): each weight is
-/// widened to fp32 exactly, so the products and sums are fp32 as in the first. Both run AVX-512
-/// intrinsics where the CPU has it, else portable code; the environment variable
-/// NANOGPT_KERNELS=portable picks the portable code anyway.
+/// attention's scores (keys · query), in fp32. The second form takes w in bf16 (raw bits) and rounds
+/// x to bf16 first, as autocast rounds a bf16 product's inputs: each product is then exact, and the
+/// sums are fp32 (autocast would round the result to bf16 too; this does not). Both run the widest
+/// kernels the CPU has: AVX512-BF16 dot products (the second form), AVX-512, else portable code;
+/// the environment variable NANOGPT_KERNELS=avx512f or =portable caps that.
 void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
 void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
