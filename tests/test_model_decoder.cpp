@@ -135,10 +135,10 @@ TEST(Decoder, LogitsAndCacheEqualTheGeneralPathAcrossTheSwitches) {
 
 // Under CPU bf16 autocast the decoder's products take bf16 weights and x rounded to bf16 (autocast's
 // inputs), summed in fp32 (matvec_rows; MatvecRows below holds it to that exactly). Over the whole
-// model: its logits, keys and values are no farther from the fp32 model's than those of the general
-// path under autocast, which rounds the same inputs and every product's output as well (root mean
-// square over all steps, with a margin for chance), also when it goes on from a cache the general
-// path filled under autocast (bf16 keys and values).
+// model: its logits, and its keys and values (a bf16 cache, as autocast's), are no farther from the
+// fp32 model's than those of the general path under autocast, which rounds the same inputs and
+// every product's output as well (root mean square over all steps, with a margin for chance), also
+// when it goes on from a cache the general path filled under autocast.
 TEST(Decoder, Bf16ProductsStayAsCloseToTheFp32ModelAsAutocast) {
   c10::InferenceMode inference;
   auto copy = [](const KVCache& cache) {
@@ -189,14 +189,14 @@ TEST(Decoder, Bf16ProductsStayAsCloseToTheFp32ModelAsAutocast) {
       autocast_error += squared_error(general, fp32);
     }
     EXPECT_GT(decoder_error, 0.0) << name << ": bf16 products change the logits";
-    // Measured: logits 0.64-0.90x autocast's root mean square error, keys and values 0.53-1.22x
-    // (a layer's few hundred values), over the variants.
+    // Measured over the variants: logits 0.66-1.04x autocast's root mean square error; one layer's
+    // keys or values (a few hundred numbers, both rounded to bf16 in either cache) 0.69-1.36x.
     EXPECT_LE(std::sqrt(decoder_error), 1.5 * std::sqrt(autocast_error)) << name << ": distance from the fp32 logits";
     EXPECT_LE(std::sqrt(continued_error), 1.5 * std::sqrt(autocast_error)) << name << ": the same, from autocast's cache";
     for (int64_t l = 0; l < c.n_layer; ++l)
       for (auto [got, want, general, what] : {std::tuple{fast.k[l], exact.k[l], autocast_general.k[l], "keys"},
                                               std::tuple{fast.v[l], exact.v[l], autocast_general.v[l], "values"}})
-        EXPECT_LE(std::sqrt(squared_error(got, want)), 1.5 * std::sqrt(squared_error(general, want)))
+        EXPECT_LE(std::sqrt(squared_error(got, want)), 2.0 * std::sqrt(squared_error(general, want)))
             << name << ", layer " << l << " " << what;
   }
 }

@@ -33,14 +33,16 @@ void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, 
   else std::copy(x, x + hs, out);
 }
 
-// One query head against Tk cached keys and values, each (Tk, hs): o = softmax(q kᵀ · scale) v.
-// Every filled slot, in slot order: the softmax and the weighted sum do not depend on the order.
-// Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time by CPU feature (not by
-// `arch=`, which tests for one vendor's model: an AMD CPU with AVX-512 got the plain variant).
-__attribute__((target_clones("avx512f", "fma", "default")))
-void attend(const float* __restrict q, const float* __restrict keys, const float* __restrict values, int64_t Tk,
-            int64_t hs, float scale, float* __restrict p, float* __restrict o) {
-  matvec_rows(keys, q, 0, 1, hs, 0, Tk, p, 0, false);  // p[t] = k_t · q: four keys a pass
+// One query head against Tk cached keys and values, each (Tk, hs), fp32 or bf16 (raw bits):
+// o = softmax(q kᵀ · scale) v. Every filled slot, in slot order: the softmax and the weighted sum
+// do not depend on the order. With bf16 keys, matvec_rows rounds q to bf16 as well (as autocast's
+// q kᵀ); the softmax and the weighted sum are fp32 either way. Compiled for AVX-512, AVX + FMA and
+// plain x86-64, picked at load time by CPU feature (not by `arch=`, which tests for one vendor's
+// model: an AMD CPU with AVX-512 got the plain variant).
+template <typename T>
+__attribute__((always_inline)) inline void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
+                                                                 float scale, float* __restrict p,
+                                                                 float* __restrict o) {
   float max_score = -INFINITY;
 #pragma omp simd reduction(max : max_score)
   for (int64_t t = 0; t < Tk; ++t) {
@@ -54,9 +56,27 @@ void attend(const float* __restrict q, const float* __restrict keys, const float
   std::fill(o, o + hs, 0.0f);
   for (int64_t t = 0; t < Tk; ++t) {
     const float w = p[t] * inv_total;
-    const float* v = values + t * hs;
-    for (int64_t d = 0; d < hs; ++d) o[d] += w * v[d];
+    const T* v = values + t * hs;
+    for (int64_t d = 0; d < hs; ++d) o[d] += w * load_float(v[d]);
   }
+}
+
+__attribute__((target_clones("avx512f", "fma", "default")))
+void softmax_values(const float* __restrict values, int64_t Tk, int64_t hs, float scale, float* __restrict p,
+                    float* __restrict o) {
+  attend_softmax_values(values, Tk, hs, scale, p, o);
+}
+__attribute__((target_clones("avx512f", "fma", "default")))
+void softmax_values(const uint16_t* __restrict values, int64_t Tk, int64_t hs, float scale, float* __restrict p,
+                    float* __restrict o) {
+  attend_softmax_values(values, Tk, hs, scale, p, o);
+}
+
+template <typename T>
+void attend(const float* __restrict q, const T* __restrict keys, const T* __restrict values, int64_t Tk, int64_t hs,
+            float scale, float* __restrict p, float* __restrict o) {
+  matvec_rows(keys, q, 0, 1, hs, 0, Tk, p, 0, false);  // p[t] = k_t · q: four keys a pass
+  softmax_values(values, Tk, hs, scale, p, o);         // p = softmax(p · scale), o = p v
 }
 
 }  // namespace
@@ -91,21 +111,27 @@ struct Layout {
         Tk(std::min(pos + 1, block_)) {}
 };
 
-// The new key (rotated) and value of sequence b, kv head j into the caches' slot for `pos`.
-// kc, vc: [b][kv head][position][hs]
-void write_new_kv(const Layout& L, const float* in, float* kc, float* vc, int64_t b, int64_t j, const float* cos2,
+// The new key (rotated) and value of sequence b, kv head j into the caches' slot for `pos`, fp32
+// or rounded to bf16. kc, vc: [b][kv head][position][hs]. scratch: 2 hs floats.
+template <typename T>
+void write_new_kv(const Layout& L, const float* in, T* kc, T* vc, int64_t b, int64_t j, const float* cos2,
                   const float* sin2, double qk_norm_eps, float* scratch) {
   const float* k_new = in + b * L.width + (L.n_head + j) * L.hs;
   const float* v_new = in + b * L.width + (L.n_head + L.n_kv_head + j) * L.hs;
-  float* k_slot = kc + ((b * L.n_kv_head + j) * L.block + L.slot) * L.hs;
-  float* v_slot = vc + ((b * L.n_kv_head + j) * L.block + L.slot) * L.hs;
-  prepare(k_new, L.hs, qk_norm_eps, cos2, sin2, scratch, k_slot);
-  std::copy(v_new, v_new + L.hs, v_slot);
+  T* k_slot = kc + ((b * L.n_kv_head + j) * L.block + L.slot) * L.hs;
+  T* v_slot = vc + ((b * L.n_kv_head + j) * L.block + L.slot) * L.hs;
+  float* k = scratch + L.hs;
+  prepare(k_new, L.hs, qk_norm_eps, cos2, sin2, scratch, k);
+  for (int64_t i = 0; i < L.hs; ++i) {
+    store_float(k[i], k_slot + i);
+    store_float(v_new[i], v_slot + i);
+  }
 }
 
 // Query head h of sequence b against its kv head's cache -> out's (b, h) row. q, normed: hs floats;
 // p: Tk floats of scratch.
-void attend_head(const Layout& L, const float* in, const float* kc, const float* vc, float* out, int64_t b, int64_t h,
+template <typename T>
+void attend_head(const Layout& L, const float* in, const T* kc, const T* vc, float* out, int64_t b, int64_t h,
                  const float* cos2, const float* sin2, double qk_norm_eps, float* q, float* normed, float* p) {
   const int64_t j = h / L.group;  // query head h reads kv head j
   prepare(in + b * L.width + h * L.hs, L.hs, qk_norm_eps, cos2, sin2, normed, q);
@@ -132,17 +158,36 @@ void decode_attention(const float* in, float* kc, float* vc, float* out, int64_t
   });
 }
 
-void decode_attention_groups(const float* in, float* kc, float* vc, float* out, int64_t block, int64_t hs, int64_t pos,
-                             int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
-                             double qk_norm_eps, int64_t begin, int64_t end, float* scratch) {
+namespace {
+
+template <typename T>
+void attention_groups(const float* in, T* kc, T* vc, float* out, int64_t block, int64_t hs, int64_t pos,
+                      int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
+                      double qk_norm_eps, int64_t begin, int64_t end, float* scratch) {
   const Layout L(block, hs, pos, n_head, n_kv_head);
   float *q = scratch, *normed = scratch + hs, *p = scratch + 2 * hs;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / n_kv_head, j = item % n_kv_head;
-    write_new_kv(L, in, kc, vc, b, j, rope_cos2, rope_sin2, qk_norm_eps, normed);
+    write_new_kv(L, in, kc, vc, b, j, rope_cos2, rope_sin2, qk_norm_eps, q);  // q, normed: its scratch
     for (int64_t h = j * L.group; h < (j + 1) * L.group; ++h)
       attend_head(L, in, kc, vc, out, b, h, rope_cos2, rope_sin2, qk_norm_eps, q, normed, p);
   }
+}
+
+}  // namespace
+
+void decode_attention_groups(const float* in, float* kc, float* vc, float* out, int64_t block, int64_t hs, int64_t pos,
+                             int64_t n_head, int64_t n_kv_head, const float* rope_cos2, const float* rope_sin2,
+                             double qk_norm_eps, int64_t begin, int64_t end, float* scratch) {
+  attention_groups(in, kc, vc, out, block, hs, pos, n_head, n_kv_head, rope_cos2, rope_sin2, qk_norm_eps, begin, end,
+                   scratch);
+}
+
+void decode_attention_groups(const float* in, uint16_t* kc, uint16_t* vc, float* out, int64_t block, int64_t hs,
+                             int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2,
+                             const float* rope_sin2, double qk_norm_eps, int64_t begin, int64_t end, float* scratch) {
+  attention_groups(in, kc, vc, out, block, hs, pos, n_head, n_kv_head, rope_cos2, rope_sin2, qk_norm_eps, begin, end,
+                   scratch);
 }
 
 }  // namespace nanogpt::model

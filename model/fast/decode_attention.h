@@ -32,7 +32,13 @@ void decode_attention(const float* qkv, float* k_cache, float* v_cache, float* y
 /// decoder's): kv head j of sequence b for every item = b * n_kv_head + j in [begin, end), i.e. its new
 /// key and value into the caches, then each query head of its group. Items are independent, so the
 /// threads of a region can take disjoint ranges. scratch: decode_attention_scratch(block, hs) floats.
+/// The second form keeps the caches in bf16 (raw bits): the new key and value are rounded to it, and
+/// the scores round q to bf16 too (matvec_rows), as autocast's attention; the softmax and the
+/// weighted sum of the values stay fp32.
 void decode_attention_groups(const float* qkv, float* k_cache, float* v_cache, float* y, int64_t block,
+                             int64_t head_size, int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2,
+                             const float* rope_sin2, double qk_norm_eps, int64_t begin, int64_t end, float* scratch);
+void decode_attention_groups(const float* qkv, uint16_t* k_cache, uint16_t* v_cache, float* y, int64_t block,
                              int64_t head_size, int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2,
                              const float* rope_sin2, double qk_norm_eps, int64_t begin, int64_t end, float* scratch);
 inline int64_t decode_attention_scratch(int64_t block, int64_t head_size) { return 2 * head_size + block; }

@@ -457,14 +457,15 @@ void Decoder::norm(const float* x, const float* w, const float* b, float* out) c
 
 void Decoder::ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const {
   const int64_t block = config_.block_size;
+  const auto dtype = bf16_ ? torch::kBFloat16 : torch::kFloat;
   if (t.defined() && t.dim() == 4 && t.size(0) == B && t.size(1) == nkv_ && t.size(2) == block && t.size(3) == hs_ &&
-      t.scalar_type() == torch::kFloat && t.device().is_cpu() && t.is_contiguous())
+      t.scalar_type() == dtype && t.device().is_cpu() && t.is_contiguous())
     return;
   const int64_t filled = std::min(start, block);  // slots holding earlier positions
   if (filled > 0 && !(t.defined() && t.dim() == 4 && t.size(0) == B))
     throw std::invalid_argument(fmt::format(
         "[model] the KV cache holds {} positions but not for a batch of {} (clear it, or keep the batch size)", start, B));
-  auto buffer = torch::empty({B, nkv_, block, hs_}, torch::kFloat);  // (B, nkv, block, hs)
+  auto buffer = torch::empty({B, nkv_, block, hs_}, dtype);  // (B, nkv, block, hs)
   if (filled > 0) buffer.narrow(2, 0, filled).copy_(t.narrow(2, 0, filled));
   t = buffer;
 }
@@ -513,12 +514,12 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   const float* cos2 = rope_ ? rope_->cos2_row(pos) : nullptr;
   const float* sin2 = rope_ ? rope_->sin2_row(pos) : nullptr;
   const double qk_eps = config_.qk_norm ? CausalSelfAttentionImpl::qk_norm_eps : 0.0;
-  std::vector<float*> k_cache(config_.n_layer), v_cache(config_.n_layer);
+  std::vector<void*> k_cache(config_.n_layer), v_cache(config_.n_layer);  // fp32, or bf16 with bf16_
   for (int64_t i = 0; i < config_.n_layer; ++i) {  // everything that may throw, before the parallel region
     ensure_cache(cache.k[i], B, pos);
     ensure_cache(cache.v[i], B, pos);
-    k_cache[i] = cache.k[i].data_ptr<float>();
-    v_cache[i] = cache.v[i].data_ptr<float>();
+    k_cache[i] = cache.k[i].data_ptr();
+    v_cache[i] = cache.v[i].data_ptr();
   }
   auto logits = torch::empty({B, V}, torch::kFloat);  // (B, V)
   float* out = logits.data_ptr<float>();
@@ -550,8 +551,12 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
       l.qkv_w.rows(xn, C, B, C, q0, q1, qkv, qkv_width_, false);
       add_bias(l.qkv_b, B, q0, q1, qkv, qkv_width_);
 #pragma omp barrier
-      decode_attention_groups(qkv, k_cache[i], v_cache[i], att, block, hs_, pos, config_.n_head, nkv_, cos2, sin2,
-                              qk_eps, g0, g1, scratch);
+      if (bf16_)
+        decode_attention_groups(qkv, static_cast<uint16_t*>(k_cache[i]), static_cast<uint16_t*>(v_cache[i]), att, block,
+                                hs_, pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1, scratch);
+      else
+        decode_attention_groups(qkv, static_cast<float*>(k_cache[i]), static_cast<float*>(v_cache[i]), att, block, hs_,
+                                pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1, scratch);
 #pragma omp barrier
       l.o_w.rows(att, C, B, C, c0, c1, x, C, /*accumulate=*/true);  // the residual add, in place
       add_bias(l.o_b, B, c0, c1, x, C);

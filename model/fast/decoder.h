@@ -37,7 +37,8 @@ class Decoder {
   /// bf16 too, as autocast's do, and sums the exact products in fp32 (matvec_rows); the norms'
   /// weights, the biases and everything between the products stay fp32 (autocast also rounds each
   /// product's output, and keeps the embeddings fp32; this does not), so the logits match the
-  /// general path under autocast to bf16's precision. Throws std::invalid_argument ("[model] ...")
+  /// general path under autocast to bf16's precision. The KV cache is then bf16 as well, as
+  /// autocast's (half the bytes again for attention). Throws std::invalid_argument ("[model] ...")
   /// when !decoder_supports(model).
   explicit Decoder(GPTImpl& model);
 
@@ -45,9 +46,10 @@ class Decoder {
   bool bf16_weights() const { return bf16_; }
 
   /// tokens (B,) int64 on the CPU: one new token per sequence, at position cache.length(). Appends
-  /// their keys and values to `cache` exactly as GPT::forward_cached does (the same ring layout, so
-  /// a cache filled by one continues with the other) and returns the logits of the new tokens,
-  /// (B, V) fp32, as forward_cached would. Past block_size only with RoPE (the sliding window).
+  /// their keys and values to `cache` as GPT::forward_cached does (the same ring layout, so a cache
+  /// filled by one continues with the other; the decoder keeps it in fp32, or in bf16 when built
+  /// under autocast) and returns the logits of the new tokens, (B, V) fp32, as forward_cached
+  /// would. Past block_size only with RoPE (the sliding window).
   /// Throws std::invalid_argument ("[model] ...") for a token id outside the vocabulary or a
   /// position the model cannot take.
   torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
@@ -75,7 +77,8 @@ class Decoder {
   const float* pack(const torch::Tensor& t);  // its copy in packed_; nullptr while measuring or for an undefined t
   Matrix pack_matrix(const torch::Tensor& t);  // pack(t), or its bf16 copy in packed_bf16_ when bf16_
   void norm(const float* x, const float* w, const float* b, float* out) const;  // one row of C
-  /// Makes cache layer tensors (B, nkv, block, hs) fp32 contiguous, keeping the filled slots.
+  /// Makes cache layer tensors (B, nkv, block, hs) contiguous, fp32 (bf16 with bf16_), keeping the
+  /// filled slots.
   void ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const;
 
   ModelConfig config_;
