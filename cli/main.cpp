@@ -3,7 +3,10 @@
 #include <cstdio>
 #include <exception>
 
+#include <string>
+
 #include "cli/commands.h"
+#include "runtime/device.h"
 #include "runtime/host_memory.h"
 
 namespace nanogpt::cli {
@@ -19,6 +22,8 @@ int main(int argc, char** argv) {
   nanogpt::runtime::retain_freed_memory();  // before any tensor: large activations are reused, not re-faulted
   CLI::App app{"nanogpt: train and sample character-level GPTs (nanoGPT, natively)"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("nanogpt, LibTorch ") + nanogpt::runtime::torch_version() +
+                                        (nanogpt::runtime::cuda_compiled() ? " with CUDA" : " (CPU only)"));
   add_prepare_command(app);
   add_train_command(app);
   add_sample_command(app);

@@ -12,7 +12,8 @@
 # iterations); then sampling the CPU-preset and the full-preset model, 2,000 new tokens, start-up
 # excluded (the time for 2,000 tokens minus the time for 1): ours in its default dtype (auto) and in
 # fp32, nanoGPT's sample.py as it is (fp32 on a CPU) and with the bf16 patch's one-line change made to
-# it; and the start-up of a sample (process start to the first token: the time for 1 token).
+# it; and the start-up of a sample (process start to the first token: the time for 1 token), with
+# the start-up floors of LibTorch in our program and of Python importing torch.
 # Run it on an otherwise idle machine: a compiler on the other core slows LibTorch's threads far more
 # than proportionally.
 set -euo pipefail
@@ -184,6 +185,18 @@ for script in sample.py "$work/sample_bf16.py"; do
   sample_rows+=("$label | $n_small | $n_full | $n_start")
 done
 
+# Start-up on its own, the median of 3 runs each: a sample to its first token (the CPU-preset model),
+# and under it the floor of each runtime: our program with LibTorch loaded and nothing else (its
+# --version), and Python importing torch.
+median3() { printf "%.2f" "$(for _ in 1 2 3; do seconds "$@" || echo nan; done | sort -g | sed -n 2p)"; }
+startup_rows=("nanogpt-cpp: sample, 1 token | $(median3 build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 \
+  --max_new_tokens=1 --num_threads="$threads")")
+startup_rows+=("nanogpt-cpp: --version (LibTorch loaded, nothing else) | $(median3 build/nanogpt --version)")
+[[ -d $work/nanoGPT_fp32 ]] && startup_rows+=("nanoGPT: sample.py, 1 token | $(cd "$work/nanoGPT" && PYTHONPATH=$work/stub \
+  median3 "$py" sample.py --out_dir="$work/nanoGPT_fp32" --device=cpu --num_samples=1 --compile=False --dtype=float32 \
+  --max_new_tokens=1)")
+startup_rows+=("Python: import torch | $(median3 "$py" -c 'import torch')")
+
 echo
 echo "| Tang round | ours ms/iter | ours val @ $tang_iters | nanoGPT + bf16 patch ms/iter | its val @ $tang_iters |"
 echo "|---|---|---|---|---|"
@@ -192,3 +205,7 @@ echo
 echo "| sampling, start-up excluded | CPU-preset model tok/s (2000 new) | full-preset model tok/s ($full_new new; nanoGPT $full_nano_new) | start-up s (to the first token) |"
 echo "|---|---|---|---|"
 for r in "${sample_rows[@]}"; do echo "| $r |"; done
+echo
+echo "| start-up, median of 3 | s |"
+echo "|---|---|"
+for r in "${startup_rows[@]}"; do echo "| $r |"; done

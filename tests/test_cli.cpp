@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <torch/version.h>
+
 #include "data/utf8.h"
 #include "train_fixture.h"
 
@@ -46,6 +48,13 @@ void expect_one_error_line(const Run& r, const std::string& needle) {
 }
 
 }  // namespace
+
+TEST(Cli, VersionNamesTheLibTorchItRuns) {
+  TempDir dir("cli_version");
+  const auto r = run("--version", dir.path);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("nanogpt, LibTorch " + std::string(TORCH_VERSION), 0), 0u) << r.out;
+}
 
 TEST(Cli, PreparePrintsNanoGPTsSplit) {
   TempDir dir("cli_prepare");
