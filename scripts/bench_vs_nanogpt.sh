@@ -12,8 +12,8 @@
 # iterations); then sampling the CPU-preset and the full-preset model, 2,000 new tokens, start-up
 # excluded (the time for 2,000 tokens minus the time for 1): ours in its default dtype (auto) and in
 # fp32, nanoGPT's sample.py as it is (fp32 on a CPU) and with the bf16 patch's one-line change made to
-# it; and the start-up of a sample (process start to the first token: the time for 1 token), with
-# the start-up floors of LibTorch in our program and of Python importing torch.
+# it, SAMPLE_ROUNDS alternating rounds; and the start-up of a sample (process start to the first
+# token), with the start-up floors of LibTorch in our program and of Python importing torch.
 # Run it on an otherwise idle machine: a compiler on the other core slows LibTorch's threads far more
 # than proportionally.
 set -euo pipefail
@@ -152,38 +152,48 @@ runpy.run_path("sample.py", run_name="__main__")
 PY
 (cd "$work/nanoGPT" && "$py" train.py "${full_nano[@]}" --max_iters=1 --compile=False --always_save_checkpoint=True \
    --eval_interval=1 --out_dir="$work/nanoGPT_fp32_full_ckpt" >"$work/nano_full_ckpt.log" 2>&1)
-ours_rate() {  # out_dir new_tokens [--dtype=...] -> "tok/s start-up"
-  local n=$2 tn t1
-  tn=$(seconds build/nanogpt sample --out_dir="$1" --num_samples=1 --max_new_tokens="$n" --num_threads="$threads" "${@:3}")
-  t1=$(seconds build/nanogpt sample --out_dir="$1" --num_samples=1 --max_new_tokens=1 --num_threads="$threads" "${@:3}")
-  echo "$(tok_per_s "$n" "$tn" "$t1") $(printf %.2f "$t1")"
+ours_rate() {  # out_dir new_tokens [--dtype=...] -> tok/s, or "-" when it fails
+  local run=(build/nanogpt sample --out_dir="$1" --num_samples=1 --num_threads="$threads" "${@:3}") n=$2 tn t1
+  tn=$(seconds "${run[@]}" --max_new_tokens="$n") && t1=$(seconds "${run[@]}" --max_new_tokens=1) ||
+    { echo "[bench] our sample ${*:3} of $1 failed" >&2; echo "-"; return 0; }
+  tok_per_s "$n" "$tn" "$t1"
 }
-nano_rate() {  # script out_dir new_tokens -> "tok/s start-up"
+nano_rate() {  # script out_dir new_tokens -> tok/s, or "-" when it fails
   local samp=("$1" --out_dir="$2" --device=cpu --num_samples=1 --compile=False --dtype=float32) n=$3 tn t1
+  [[ -d $2 ]] || { echo "-"; return 0; }
   tn=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens="$n") &&
     t1=$(cd "$work/nanoGPT" && PYTHONPATH=$work/stub seconds "$py" "${samp[@]}" --max_new_tokens=1) ||
-    { echo "[bench] $1 --out_dir=$2 failed" >&2; echo "- -"; return 0; }
-  echo "$(tok_per_s "$n" "$tn" "$t1" 1) $(printf %.2f "$t1")"
+    { echo "[bench] $1 --out_dir=$2 failed" >&2; echo "-"; return 0; }
+  tok_per_s "$n" "$tn" "$t1" 1
 }
 full_new=${FULL_SAMPLE_TOKENS:-2000}
 full_nano_new=${FULL_SAMPLE_NANO:-2000}
 auto_dtype=$(build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --max_new_tokens=1 2>&1 >/dev/null |
   sed -n 's/.*, \([a-z0-9]*\))$/\1/p')
-echo "[bench] sampling"
-sample_rows=()
-read -r a_small a_start < <(ours_rate "$work/ours_cpu" 2000)
-read -r a_full _ < <(ours_rate "$work/ours_full" "$full_new")
-sample_rows+=("nanogpt-cpp, dtype auto ($auto_dtype) | $a_small | $a_full | $a_start")
-read -r f_small f_start < <(ours_rate "$work/ours_cpu" 2000 --dtype=float32)
-read -r f_full _ < <(ours_rate "$work/ours_full" "$full_new" --dtype=float32)
-sample_rows+=("nanogpt-cpp, --dtype=float32 | $f_small | $f_full | $f_start")
-for script in sample.py "$work/sample_bf16.py"; do
-  [[ -d $work/nanoGPT_fp32 ]] && read -r n_small n_start < <(nano_rate "$script" "$work/nanoGPT_fp32" 2000) || n_small="-" n_start="-"
-  read -r n_full _ < <(nano_rate "$script" "$work/nanoGPT_fp32_full_ckpt" "$full_nano_new")
-  label="nanoGPT sample.py (fp32)"
-  [[ $script == sample.py ]] || label="nanoGPT sample.py + CPU bf16 autocast"
-  sample_rows+=("$label | $n_small | $n_full | $n_start")
+# SAMPLE_ROUNDS rounds (default 3), each running every row once, so that the host's drift reaches
+# every row alike; each cell is the median of the rounds, with their range.
+declare -A rates=()
+labels=("nanogpt-cpp, dtype auto ($auto_dtype)" "nanogpt-cpp, --dtype=float32" "nanoGPT sample.py (fp32)"
+        "nanoGPT sample.py + CPU bf16 autocast")
+for round in $(seq "${SAMPLE_ROUNDS:-3}"); do
+  echo "[bench] sampling, round $round"
+  rates[0,small]+=" $(ours_rate "$work/ours_cpu" 2000)"
+  rates[0,full]+=" $(ours_rate "$work/ours_full" "$full_new")"
+  rates[1,small]+=" $(ours_rate "$work/ours_cpu" 2000 --dtype=float32)"
+  rates[1,full]+=" $(ours_rate "$work/ours_full" "$full_new" --dtype=float32)"
+  for i in 2 3; do
+    script=sample.py
+    [[ $i == 3 ]] && script=$work/sample_bf16.py
+    rates[$i,small]+=" $(nano_rate "$script" "$work/nanoGPT_fp32" 2000)"
+    rates[$i,full]+=" $(nano_rate "$script" "$work/nanoGPT_fp32_full_ckpt" "$full_nano_new")"
+  done
 done
+summary() {  # "r1 r2 ..." -> "median (min–max)", "-" if any round failed
+  [[ $1 == *-* ]] && { echo "-"; return 0; }
+  printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { printf "%s (%s–%s)", v[int((NR + 1) / 2)], v[1], v[NR] }'
+}
+sample_rows=()
+for i in 0 1 2 3; do sample_rows+=("${labels[$i]} | $(summary "${rates[$i,small]}") | $(summary "${rates[$i,full]}")"); done
 
 # Start-up on its own, the median of 3 runs each: a sample to its first token (the CPU-preset model),
 # and under it the floor of each runtime: our program with LibTorch loaded and nothing else (its
@@ -202,8 +212,8 @@ echo "| Tang round | ours ms/iter | ours val @ $tang_iters | nanoGPT + bf16 patc
 echo "|---|---|---|---|---|"
 for r in "${tang_rows[@]}"; do echo "| $r |"; done
 echo
-echo "| sampling, start-up excluded | CPU-preset model tok/s (2000 new) | full-preset model tok/s ($full_new new; nanoGPT $full_nano_new) | start-up s (to the first token) |"
-echo "|---|---|---|---|"
+echo "| sampling, start-up excluded, median of ${SAMPLE_ROUNDS:-3} rounds (range) | CPU-preset model tok/s (2000 new) | full-preset model tok/s ($full_new new; nanoGPT $full_nano_new) |"
+echo "|---|---|---|"
 for r in "${sample_rows[@]}"; do echo "| $r |"; done
 echo
 echo "| start-up, median of 3 | s |"
