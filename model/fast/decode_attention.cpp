@@ -33,12 +33,8 @@ void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, 
   else std::copy(x, x + hs, out);
 }
 
-// One query head against Tk cached keys and values, each (Tk, hs), fp32 or bf16 (raw bits):
-// o = softmax(q kᵀ · scale) v. Every filled slot, in slot order: the softmax and the weighted sum
-// do not depend on the order. With bf16 keys, matvec_rows rounds q to bf16 as well (as autocast's
-// q kᵀ); the softmax and the weighted sum are fp32 either way. Compiled for AVX-512, AVX + FMA and
-// plain x86-64, picked at load time by CPU feature (not by `arch=`, which tests for one vendor's
-// model: an AMD CPU with AVX-512 got the plain variant).
+// p[t] = softmax(p · scale)[t] and o = Σ_t p[t] v_t over Tk values (Tk, hs), fp32 or bf16 (raw
+// bits), in fp32.
 template <typename T>
 __attribute__((always_inline)) inline void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
                                                                  float scale, float* __restrict p,
@@ -61,6 +57,8 @@ __attribute__((always_inline)) inline void attend_softmax_values(const T* __rest
   }
 }
 
+// Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time by CPU feature (not by
+// `arch=`, which tests for one vendor's model: an AMD CPU with AVX-512 got the plain variant).
 __attribute__((target_clones("avx512f", "fma", "default")))
 void softmax_values(const float* __restrict values, int64_t Tk, int64_t hs, float scale, float* __restrict p,
                     float* __restrict o) {
@@ -72,6 +70,10 @@ void softmax_values(const uint16_t* __restrict values, int64_t Tk, int64_t hs, f
   attend_softmax_values(values, Tk, hs, scale, p, o);
 }
 
+// One query head against Tk cached keys and values, each (Tk, hs), fp32 or bf16 (raw bits):
+// o = softmax(q kᵀ · scale) v. Every filled slot, in slot order: the softmax and the weighted sum
+// do not depend on the order. With bf16 keys, matvec_rows rounds q to bf16 as well (as autocast's
+// q kᵀ); the softmax and the weighted sum are fp32 either way.
 template <typename T>
 void attend(const float* __restrict q, const T* __restrict keys, const T* __restrict values, int64_t Tk, int64_t hs,
             float scale, float* __restrict p, float* __restrict o) {
