@@ -11,7 +11,7 @@
 
 namespace nanogpt::model {
 
-GPTImpl::GPTImpl(const ModelConfig& config) : config_(config) {
+GPTImpl::GPTImpl(const ModelConfig& config, bool initialise) : config_(config) {
   config_.validate();
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
   if (config.pos_encoding == "learned")
@@ -26,7 +26,7 @@ GPTImpl::GPTImpl(const ModelConfig& config) : config_(config) {
   ln_f = register_module("ln_f", Norm(config.norm, config.n_embd, config.bias));
   if (!config.tie_embeddings)
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.n_embd, config.vocab_size).bias(false)));
-  init_weights();
+  if (initialise) init_weights();
 }
 
 void GPTImpl::init_weights() {

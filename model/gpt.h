@@ -19,7 +19,9 @@ namespace nanogpt::model {
 
 class GPTImpl : public torch::nn::Module {
  public:
-  explicit GPTImpl(const ModelConfig& config);
+  /// initialise false skips GPT-2's initialisation (N(0, 0.02) weights, zero biases) for a model
+  /// whose every parameter is loaded next (LibTorch's layers still fill theirs at construction).
+  explicit GPTImpl(const ModelConfig& config, bool initialise = true);
 
   /// idx (B, T) int64 token ids, T <= block_size.
   /// With targets (B, T): returns logits (B, T, V) and the mean cross-entropy loss (scalar, fp32).

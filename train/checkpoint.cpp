@@ -290,7 +290,7 @@ LoadedModel load_model(const std::string& path, torch::Device device) {
   loaded.vocab = loaded.meta.vocab;
   auto config = loaded.meta.model_config;
   config.dropout = 0.0;  // inference
-  loaded.model = model::GPT(config);
+  loaded.model = model::GPT(config, /*initialise=*/false);  // load_weights sets every parameter
   load_weights(reader, path, loaded.model);
   loaded.model->to(device);
   loaded.model->eval();
