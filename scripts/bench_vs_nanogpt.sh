@@ -11,9 +11,10 @@
 # poems CPU config against nanoGPT's bf16 patch (TANG_ROUNDS alternating rounds of TANG_ITERS
 # iterations); then sampling the CPU-preset and the full-preset model, 2,000 new tokens, start-up
 # excluded (nanoGPT: the time for 2,000 tokens minus the time for 1; ours: the rate it prints for
-# its generation): ours in its default dtype (auto) and in fp32, nanoGPT's sample.py as it is (fp32 on a CPU) and with the bf16 patch's one-line change made to
-# it, SAMPLE_ROUNDS alternating rounds; and the start-up of a sample (process start to the first
-# token), with the start-up floors of LibTorch in our program and of Python importing torch.
+# its generation): ours in its default dtype (auto) and in fp32, nanoGPT's sample.py as it is (fp32
+# on a CPU) and with the bf16 patch's one-line change made to it, SAMPLE_ROUNDS alternating rounds;
+# and the start-up of a sample (process start to the first token), with the start-up floors of
+# LibTorch in our program and of Python importing torch.
 # Run it on an otherwise idle machine: a compiler on the other core slows LibTorch's threads far more
 # than proportionally.
 set -euo pipefail

@@ -192,7 +192,8 @@ TEST(Decoder, Bf16ProductsStayAsCloseToTheFp32ModelAsAutocast) {
     // Measured over the variants: logits 0.66-1.04x autocast's root mean square error; one layer's
     // keys or values (a few hundred numbers, both rounded to bf16 in either cache) 0.69-1.36x.
     EXPECT_LE(std::sqrt(decoder_error), 1.5 * std::sqrt(autocast_error)) << name << ": distance from the fp32 logits";
-    EXPECT_LE(std::sqrt(continued_error), 1.5 * std::sqrt(autocast_error)) << name << ": the same, from autocast's cache";
+    EXPECT_LE(std::sqrt(continued_error), 1.5 * std::sqrt(autocast_error))
+        << name << ": the same, from autocast's cache";
     for (int64_t l = 0; l < c.n_layer; ++l)
       for (auto [got, want, general, what] : {std::tuple{fast.k[l], exact.k[l], autocast_general.k[l], "keys"},
                                               std::tuple{fast.v[l], exact.v[l], autocast_general.v[l], "values"}})
@@ -203,7 +204,7 @@ TEST(Decoder, Bf16ProductsStayAsCloseToTheFp32ModelAsAutocast) {
 
 // The decoder's matrix-vector product on its own, against LibTorch in fp64: fp32 weights and x, and
 // bf16 weights with x rounded to bf16 first, each product exact and the sums fp32 (to 1e-6 of the
-// sum of the products' magnitudes; rounding x is 10-1000x that). Row counts that leave a partial
+// sum of the products' magnitudes; an unrounded x falls outside it). Row counts that leave a partial
 // block of four, column counts that leave partial steps of 16 and 32 (the bf16 dot product's),
 // strided x and y, a range of rows, accumulating or not. ctest runs it on each kernel the CPU has
 // (NANOGPT_KERNELS).
@@ -230,7 +231,8 @@ TEST(MatvecRows, ProductsAreExactAndSumsFp32InEitherDtype) {
                         y_stride, accumulate);
           auto xs = x.narrow(1, 0, cols), wd = w.narrow(0, r0, r1 - r0).to(torch::kDouble);  // (B, cols), (r, cols)
           auto xd = (bf16 ? xs.to(torch::kBFloat16) : xs).to(torch::kDouble);
-          auto before = accumulate ? y0.narrow(1, r0, r1 - r0).to(torch::kDouble) : torch::zeros({B, r1 - r0}, torch::kDouble);
+          auto before = accumulate ? y0.narrow(1, r0, r1 - r0).to(torch::kDouble)
+                                   : torch::zeros({B, r1 - r0}, torch::kDouble);  // y's rows before
           auto want = before + xd.mm(wd.t());                            // (B, r1 - r0)
           auto magnitude = before.abs() + xd.abs().mm(wd.abs().t());     // |y| + the sum of |products|
           auto got = y.narrow(1, r0, r1 - r0).to(torch::kDouble);

@@ -551,12 +551,12 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
       l.qkv_w.rows(xn, C, B, C, q0, q1, qkv, qkv_width_, false);
       add_bias(l.qkv_b, B, q0, q1, qkv, qkv_width_);
 #pragma omp barrier
-      if (bf16_)
-        decode_attention_groups(qkv, static_cast<uint16_t*>(k_cache[i]), static_cast<uint16_t*>(v_cache[i]), att, block,
-                                hs_, pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1, scratch);
-      else
-        decode_attention_groups(qkv, static_cast<float*>(k_cache[i]), static_cast<float*>(v_cache[i]), att, block, hs_,
-                                pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1, scratch);
+      const auto attend = [&](auto* kc, auto* vc) {  // the caches as their dtype's bits
+        decode_attention_groups(qkv, kc, vc, att, block, hs_, pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1,
+                                scratch);
+      };
+      if (bf16_) attend(static_cast<uint16_t*>(k_cache[i]), static_cast<uint16_t*>(v_cache[i]));
+      else attend(static_cast<float*>(k_cache[i]), static_cast<float*>(v_cache[i]));
 #pragma omp barrier
       l.o_w.rows(att, C, B, C, c0, c1, x, C, /*accumulate=*/true);  // the residual add, in place
       add_bias(l.o_b, B, c0, c1, x, C);
