@@ -13,8 +13,8 @@
 # excluded (nanoGPT: the time for 2,000 tokens minus the time for 1; ours: the rate it prints for
 # its generation): ours in its default dtype (auto) and in fp32, nanoGPT's sample.py as it is (fp32
 # on a CPU) and with the bf16 patch's one-line change made to it, SAMPLE_ROUNDS alternating rounds;
-# and the start-up of a sample (process start to the first token), with the start-up floors of
-# LibTorch in our program and of Python importing torch.
+# and the start-up of a sample (process start to its first output, and to the end), with the start-up
+# floors of LibTorch in our program and of Python importing torch.
 # Run it on an otherwise idle machine: a compiler on the other core slows LibTorch's threads far more
 # than proportionally.
 set -euo pipefail
@@ -198,17 +198,36 @@ summary() {  # "r1 r2 ..." -> "median (min–max)", "-" if any round failed
 sample_rows=()
 for i in 0 1 2 3; do sample_rows+=("${labels[$i]} | $(summary "${rates[$i,small]}") | $(summary "${rates[$i,full]}")"); done
 
-# Start-up on its own, the median of 3 runs each: a sample to its first token (the CPU-preset model),
-# and under it the floor of each runtime: our program with LibTorch loaded and nothing else (its
-# --version), and Python importing torch.
-median3() { printf "%.2f" "$(for _ in 1 2 3; do seconds "$@" || echo nan; done | sort -g | sed -n 2p)"; }
-startup_rows=("nanogpt-cpp: sample, 1 token | $(median3 build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 \
+# Start-up on its own, the median of 5 runs each: a sample of 1 token (the CPU-preset model) from
+# process start to its first output (the sample is printed once its token is drawn) and to the end of
+# the process, and under it the floor of each runtime: our program with LibTorch loaded and nothing
+# else (its --version), and Python importing torch.
+startup() {  # command... -> "first output s | whole run s", medians of 5
+  "$py" - "$@" <<'PY'
+import statistics, subprocess, sys, time
+first, whole = [], []
+for _ in range(5):
+    t0 = time.perf_counter()
+    p = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    got = p.stdout.read(1)
+    t1 = time.perf_counter()
+    p.stdout.read()
+    rc = p.wait()
+    if rc != 0:
+        print("- | -")
+        sys.exit(0)
+    first.append(t1 - t0 if got else float("nan"))
+    whole.append(time.perf_counter() - t0)
+print(f"{statistics.median(first):.3f} | {statistics.median(whole):.3f}")
+PY
+}
+startup_rows=("nanogpt-cpp: sample, 1 token | $(startup build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 \
   --max_new_tokens=1 --num_threads="$threads")")
-startup_rows+=("nanogpt-cpp: --version (LibTorch loaded, nothing else) | $(median3 build/nanogpt --version)")
+startup_rows+=("nanogpt-cpp: --version (LibTorch loaded, nothing else) | $(startup build/nanogpt --version)")
 [[ -d $work/nanoGPT_fp32 ]] && startup_rows+=("nanoGPT: sample.py, 1 token | $(cd "$work/nanoGPT" && PYTHONPATH=$work/stub \
-  median3 "$py" sample.py --out_dir="$work/nanoGPT_fp32" --device=cpu --num_samples=1 --compile=False --dtype=float32 \
+  startup "$py" sample.py --out_dir="$work/nanoGPT_fp32" --device=cpu --num_samples=1 --compile=False --dtype=float32 \
   --max_new_tokens=1)")
-startup_rows+=("Python: import torch | $(median3 "$py" -c 'import torch')")
+startup_rows+=("Python: import torch, print() | $(startup "$py" -c 'import torch; print()')")
 
 echo
 echo "| Tang round | ours ms/iter | ours val @ $tang_iters | nanoGPT + bf16 patch ms/iter | its val @ $tang_iters |"
@@ -219,6 +238,6 @@ echo "| sampling, start-up excluded, median of ${SAMPLE_ROUNDS:-3} rounds (range
 echo "|---|---|---|"
 for r in "${sample_rows[@]}"; do echo "| $r |"; done
 echo
-echo "| start-up, median of 3 | s |"
-echo "|---|---|"
+echo "| start-up, median of 5 | to the first output, s | whole run, s |"
+echo "|---|---|---|"
 for r in "${startup_rows[@]}"; do echo "| $r |"; done

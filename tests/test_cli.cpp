@@ -56,6 +56,21 @@ TEST(Cli, VersionNamesTheLibTorchItRuns) {
   EXPECT_EQ(r.out.rfind("nanogpt, LibTorch " + std::string(TORCH_VERSION), 0), 0u) << r.out;
 }
 
+// The program ends without the libraries' static destructors (main.cpp), so it flushes its output
+// itself: what it could not write is an error, not a silent exit 0 (before, exit() hid it).
+TEST(Cli, OutputThatCannotBeWrittenIsAnError) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  TempDir dir("cli_full");
+  for (const std::string args : {"--version", "sample --help"}) {
+    const std::string err = dir.path + "/stderr";
+    const int status = std::system((std::string(NANOGPT_BINARY) + " " + args + " >/dev/full 2>" + err + " </dev/null").c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << args;
+    EXPECT_NE(WEXITSTATUS(status), 0) << args;
+    const std::string e = read_text(err);
+    EXPECT_NE(e.find("error: could not write all of the output: "), std::string::npos) << args << ": " << e;
+  }
+}
+
 TEST(Cli, PreparePrintsNanoGPTsSplit) {
   TempDir dir("cli_prepare");
   auto r = run("prepare --input " + std::string(NANOGPT_SOURCE_DIR) + "/data/shakespeare_char/input.txt --out_dir " +
