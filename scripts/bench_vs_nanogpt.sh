@@ -7,7 +7,9 @@
 #
 # Prints, per run: CPU preset ms/iter (median of iterations 10..N) and val loss at N
 # (N = CPU_ITERS, default 2000), full preset s/iter (median of FULL_ITERS, default 4, after one
-# warm-up) and the peak resident memory of the full-preset run (/usr/bin/time's %M); then the Tang
+# warm-up) and the peak resident memory of the full-preset run (/usr/bin/time's %M); then the CPU
+# preset again in CPU_ROUNDS alternating rounds of CPU_ROUND_ITERS iterations (ours, nanoGPT, nanoGPT
+# with the bf16 patch, back to back: the ratio without the minutes between the runs above); then the Tang
 # poems CPU config against nanoGPT's bf16 patch (TANG_ROUNDS alternating rounds of TANG_ITERS
 # iterations); then sampling the CPU-preset and the full-preset model, 2,000 new tokens, start-up
 # excluded (nanoGPT: the time for 2,000 tokens minus the time for 1; ours: the rate it prints for
@@ -89,13 +91,16 @@ echo "[bench] nanogpt-cpp, full preset ($full_iters iterations)"
 read -r ours_full _ < <(median ours "$work/ours_full.log" 1)
 rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(peak_gb "$work/ours_full.log")")
 
+skip_reason() {  # name -> why this machine cannot run that variant of nanoGPT, or nothing
+  if [[ $1 == nanoGPT_bf16 && ! -f $patch ]]; then echo "no $patch"
+  elif [[ $1 == nanoGPT_bf16 ]] && ! "$py" -c 'import sys, torch; sys.exit(not torch.ops.mkldnn._is_mkldnn_bf16_supported())'; then
+    echo "this CPU has no hardware bf16 (LibTorch's bf16 GEMM is scalar code here)"
+  fi
+}
 for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   read -r -a cmd <<<"${runner[$name]}"
-  if [[ $name == nanoGPT_bf16 && ! -f $patch ]]; then echo "[bench] skip $name: no $patch"; continue; fi
-  if [[ $name == nanoGPT_bf16 ]] && ! "$py" -c 'import sys, torch; sys.exit(not torch.ops.mkldnn._is_mkldnn_bf16_supported())'; then
-    echo "[bench] skip $name: this CPU has no hardware bf16 (LibTorch's bf16 GEMM is scalar code here)"
-    continue
-  fi
+  why=$(skip_reason "$name")
+  if [[ -n $why ]]; then echo "[bench] skip $name: $why"; continue; fi
   echo "[bench] $name, CPU preset"
   (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${cpu_nano[@]}" --out_dir="$work/$name" >"$work/$name.log" 2>&1) ||
     { tail -3 "$work/$name.log"; continue; }
@@ -110,6 +115,37 @@ echo
 echo "| run | CPU preset ms/iter | val @ $cpu_iters | full preset s/iter | full preset peak RSS GB |"
 echo "|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "| $r |"; done
+
+# The CPU preset again, in CPU_ROUNDS alternating rounds of CPU_ROUND_ITERS iterations (default 3 of
+# 300): the runs above are minutes apart, and this host's speed drifts within minutes. Each round
+# runs ours, then nanoGPT as it is and with the bf16 patch, back to back; the ratio is against the
+# faster of the two. (--compile=True, the slowest of the three on this preset in every run so far,
+# would add a minute of compilation a round.)
+cpu_round_iters=${CPU_ROUND_ITERS:-300}
+cpu_round_args=(--max_iters="$cpu_round_iters" --lr_decay_iters="$cpu_round_iters" --eval_interval="$cpu_round_iters")
+cpu_round_rows=()
+for round in $(seq "${CPU_ROUNDS:-3}"); do
+  echo "[bench] CPU preset, round $round"
+  build/nanogpt train configs/shakespeare_char_cpu.yaml --out_dir="$work/ours_cpu_round" --log_interval=1 \
+    "${cpu_round_args[@]}" --warmup_iters="$warmup" --num_threads="$threads" >"$work/ours_cpu_round.log" 2>&1 ||
+    { tail -3 "$work/ours_cpu_round.log"; exit 1; }
+  read -r ours_round _ < <(median ours "$work/ours_cpu_round.log" 10)
+  row="$round | $ours_round" best=""
+  for name in nanoGPT_fp32 nanoGPT_bf16; do
+    read -r -a cmd <<<"${runner[$name]}"
+    ms="-"
+    [[ -z $(skip_reason "$name") ]] &&
+      (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${cpu_nano[@]}" "${cpu_round_args[@]}" --out_dir="$work/${name}_round" \
+         >"$work/${name}_round.log" 2>&1) && read -r ms _ < <(median nanogpt "$work/${name}_round.log" 10)
+    row+=" | $ms"
+    [[ $ms != - && ( -z $best || $(echo "$ms < $best" | bc -l) == 1 ) ]] && best=$ms
+  done
+  cpu_round_rows+=("$row | $([[ -n $best ]] && echo "scale=2; $best / $ours_round" | bc -l || echo -)")
+done
+echo
+echo "| CPU preset round ($cpu_round_iters iterations) | ours ms/iter | nanoGPT ms/iter | nanoGPT + bf16 patch ms/iter | nanoGPT's faster / ours |"
+echo "|---|---|---|---|---|"
+for r in "${cpu_round_rows[@]}"; do echo "| $r |"; done
 
 # Tang poems CPU config (V = 7,443): ours alternating with nanoGPT + the bf16 patch (its shakespeare_char
 # prepare.py reading the poems as UTF-8; the same sizes and schedule), TANG_ROUNDS rounds.
