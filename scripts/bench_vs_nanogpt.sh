@@ -77,12 +77,26 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 PY
 declare -A runner=([nanoGPT_fp32]="train.py --compile=False" [nanoGPT_compile]="train.py --compile=True"
                    [nanoGPT_bf16]="$work/run_patch.py $patch --compile=False")
+# Why this machine cannot run a variant of nanoGPT ("" when it can), found once.
+declare -A skip=([nanoGPT_fp32]="" [nanoGPT_compile]="" [nanoGPT_bf16]="")
+if [[ ! -f $patch ]]; then skip[nanoGPT_bf16]="no $patch"
+elif ! "$py" -c 'import sys, torch; sys.exit(not torch.ops.mkldnn._is_mkldnn_bf16_supported())'; then
+  skip[nanoGPT_bf16]="this CPU has no hardware bf16 (LibTorch's bf16 GEMM is scalar code here)"
+fi
+# The CPU preset, ours and nanoGPT's, into $work/NAME and $work/NAME.log (the iterations as extra arguments).
+ours_cpu_run() {  # name args... ; stops the script when ours fails
+  build/nanogpt train configs/shakespeare_char_cpu.yaml --out_dir="$work/$1" --log_interval=1 --warmup_iters="$warmup" \
+    --num_threads="$threads" "${@:2}" >"$work/$1.log" 2>&1 || { tail -3 "$work/$1.log"; exit 1; }
+}
+nano_cpu_run() {  # variant name args...
+  local cmd
+  read -r -a cmd <<<"${runner[$1]}"
+  (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${cpu_nano[@]}" "${@:3}" --out_dir="$work/$2" >"$work/$2.log" 2>&1)
+}
 rows=()
 
 echo "[bench] nanogpt-cpp, CPU preset ($cpu_iters iterations)"
-build/nanogpt train configs/shakespeare_char_cpu.yaml --out_dir="$work/ours_cpu" --log_interval=1 --max_iters="$cpu_iters" \
-  --lr_decay_iters="$cpu_iters" --eval_interval="$cpu_iters" --warmup_iters="$warmup" --num_threads="$threads" \
-  >"$work/ours_cpu.log" 2>&1 || { tail -3 "$work/ours_cpu.log"; exit 1; }
+ours_cpu_run ours_cpu --max_iters="$cpu_iters" --lr_decay_iters="$cpu_iters" --eval_interval="$cpu_iters"
 read -r ours_ms ours_val < <(median ours "$work/ours_cpu.log" 10)
 echo "[bench] nanogpt-cpp, full preset ($full_iters iterations)"
 "${rss[@]}" -o "$work/ours_full.log" build/nanogpt train configs/shakespeare_char.yaml --device=cpu --out_dir="$work/ours_full" \
@@ -91,21 +105,13 @@ echo "[bench] nanogpt-cpp, full preset ($full_iters iterations)"
 read -r ours_full _ < <(median ours "$work/ours_full.log" 1)
 rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours_full / 1000" | bc -l) | $(peak_gb "$work/ours_full.log")")
 
-skip_reason() {  # name -> why this machine cannot run that variant of nanoGPT, or nothing
-  if [[ $1 == nanoGPT_bf16 && ! -f $patch ]]; then echo "no $patch"
-  elif [[ $1 == nanoGPT_bf16 ]] && ! "$py" -c 'import sys, torch; sys.exit(not torch.ops.mkldnn._is_mkldnn_bf16_supported())'; then
-    echo "this CPU has no hardware bf16 (LibTorch's bf16 GEMM is scalar code here)"
-  fi
-}
 for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
-  read -r -a cmd <<<"${runner[$name]}"
-  why=$(skip_reason "$name")
-  if [[ -n $why ]]; then echo "[bench] skip $name: $why"; continue; fi
+  if [[ -n ${skip[$name]} ]]; then echo "[bench] skip $name: ${skip[$name]}"; continue; fi
   echo "[bench] $name, CPU preset"
-  (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${cpu_nano[@]}" --out_dir="$work/$name" >"$work/$name.log" 2>&1) ||
-    { tail -3 "$work/$name.log"; continue; }
+  nano_cpu_run "$name" "$name" || { tail -3 "$work/$name.log"; continue; }
   read -r ms val < <(median nanogpt "$work/$name.log" 10)
   echo "[bench] $name, full preset"
+  read -r -a cmd <<<"${runner[$name]}"
   (cd "$work/nanoGPT" && "${rss[@]}" -o "$work/${name}_full.log" "$py" "${cmd[@]}" "${full_nano[@]}" \
      --out_dir="$work/${name}_full" >>"$work/${name}_full.log" 2>&1) || true
   read -r full _ < <(median nanogpt "$work/${name}_full.log" 1)
@@ -126,17 +132,13 @@ cpu_round_args=(--max_iters="$cpu_round_iters" --lr_decay_iters="$cpu_round_iter
 cpu_round_rows=()
 for round in $(seq "${CPU_ROUNDS:-3}"); do
   echo "[bench] CPU preset, round $round"
-  build/nanogpt train configs/shakespeare_char_cpu.yaml --out_dir="$work/ours_cpu_round" --log_interval=1 \
-    "${cpu_round_args[@]}" --warmup_iters="$warmup" --num_threads="$threads" >"$work/ours_cpu_round.log" 2>&1 ||
-    { tail -3 "$work/ours_cpu_round.log"; exit 1; }
+  ours_cpu_run ours_cpu_round "${cpu_round_args[@]}"
   read -r ours_round _ < <(median ours "$work/ours_cpu_round.log" 10)
   row="$round | $ours_round" best=""
   for name in nanoGPT_fp32 nanoGPT_bf16; do
-    read -r -a cmd <<<"${runner[$name]}"
     ms="-"
-    [[ -z $(skip_reason "$name") ]] &&
-      (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${cpu_nano[@]}" "${cpu_round_args[@]}" --out_dir="$work/${name}_round" \
-         >"$work/${name}_round.log" 2>&1) && read -r ms _ < <(median nanogpt "$work/${name}_round.log" 10)
+    [[ -z ${skip[$name]} ]] && nano_cpu_run "$name" "${name}_round" "${cpu_round_args[@]}" &&
+      read -r ms _ < <(median nanogpt "$work/${name}_round.log" 10)
     row+=" | $ms"
     [[ $ms != - && ( -z $best || $(echo "$ms < $best" | bc -l) == 1 ) ]] && best=$ms
   done
