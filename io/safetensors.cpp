@@ -272,6 +272,19 @@ const TensorInfo* SafeTensorsReader::find(std::string_view name) const {
 torch::Tensor SafeTensorsReader::read(const TensorInfo& info) {
   // The header checks bound the allocation by the file size.
   torch::Tensor t = torch::empty(info.shape, torch::TensorOptions().dtype(info.dtype));
+  read_into(info, t);
+  return t;
+}
+
+void SafeTensorsReader::read_into(const TensorInfo& info, const torch::Tensor& dst) {
+  if (dst.sizes() != torch::IntArrayRef(info.shape) || !dst.device().is_cpu())
+    throw std::invalid_argument(fmt::format("[{}] tensor '{}': read_into needs a CPU tensor of its shape", tag_, info.name));
+  if (!dst.is_contiguous() || dst.scalar_type() != info.dtype) {
+    torch::NoGradGuard no_grad;
+    dst.copy_(read(info));
+    return;
+  }
+  const torch::Tensor& t = dst;
   const uint64_t n = info.end - info.begin;
   if (n > 0) {
     in_.clear();
@@ -285,7 +298,6 @@ torch::Tensor SafeTensorsReader::read(const TensorInfo& info) {
       if (bytes[i] > 1)
         fail(fmt::format("tensor '{}' is BOOL but holds byte {} (only 0 and 1 are valid)", info.name, bytes[i]));
   }
-  return t;
 }
 
 SafeTensors read_safetensors(const std::string& path, std::string_view tag) {

@@ -62,6 +62,10 @@ class SafeTensorsReader {
   /// Reads one tensor (an entry of tensors()) as a CPU tensor that owns its memory. Throws
   /// "[<tag>] '<path>': ..." when the file has changed under us or a BOOL byte is not 0 or 1.
   torch::Tensor read(const TensorInfo& info);
+  /// Reads one tensor into `dst`, a CPU tensor of its shape: straight into dst's memory when dst is
+  /// contiguous and of the entry's dtype (no second copy), else through read() and a converting
+  /// copy. On a throw dst may hold part of the tensor. Throws as read().
+  void read_into(const TensorInfo& info, const torch::Tensor& dst);
 
  private:
   [[noreturn]] void fail(const std::string& what) const;

@@ -236,10 +236,10 @@ summary() {  # "r1 r2 ..." -> "median (min–max)", "-" if any round failed
 sample_rows=()
 for i in 0 1 2 3; do sample_rows+=("${labels[$i]} | $(summary "${rates[$i,small]}") | $(summary "${rates[$i,full]}")"); done
 
-# Start-up on its own, the median of 5 runs each: a sample of 1 token (the CPU-preset model) from
-# process start to its first output (the sample is printed once its token is drawn) and to the end of
-# the process, and under it the floor of each runtime: our program with LibTorch loaded and nothing
-# else (its --version), and Python importing torch.
+# Start-up on its own, the median of 5 runs each: a sample of 1 token (the CPU-preset model, then the
+# full preset's with 43 MB of weights to read) from process start to its first output (the sample is
+# printed once its token is drawn) and to the end of the process, and under it the floor of each
+# runtime: our program with LibTorch loaded and nothing else (its --version), and Python importing torch.
 startup() {  # command... -> "first output s | whole run s", medians of 5
   "$py" - "$@" <<'PY'
 import statistics, subprocess, sys, time
@@ -261,6 +261,8 @@ PY
 }
 startup_rows=("nanogpt-cpp: sample, 1 token | $(startup build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 \
   --max_new_tokens=1 --num_threads="$threads")")
+[[ -d $work/ours_full ]] && startup_rows+=("nanogpt-cpp: sample, 1 token, full-preset model | $(startup build/nanogpt sample \
+  --out_dir="$work/ours_full" --num_samples=1 --max_new_tokens=1 --num_threads="$threads")")
 startup_rows+=("nanogpt-cpp: --version (LibTorch loaded, nothing else) | $(startup build/nanogpt --version)")
 [[ -d $work/nanoGPT_fp32 ]] && startup_rows+=("nanoGPT: sample.py, 1 token | $(cd "$work/nanoGPT" && PYTHONPATH=$work/stub \
   startup "$py" sample.py --out_dir="$work/nanoGPT_fp32" --device=cpu --num_samples=1 --compile=False --dtype=float32 \

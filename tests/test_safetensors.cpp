@@ -101,6 +101,39 @@ TEST(SafeTensors, RoundTripIsBitExact) {
   EXPECT_EQ(back.tensors[11].second.sizes(), torch::IntArrayRef({0, 4}));
 }
 
+// read_into (load_model reads a fresh model's parameters straight into their memory with it): the
+// same bits as read() into a contiguous tensor of the dtype, the same values converted by LibTorch's
+// copy into another dtype or a strided view, and a tensor of another shape refused untouched.
+TEST(SafeTensors, ReadIntoFillsAnyCpuTensorOfTheShape) {
+  ScratchDir dir;
+  const auto tensors = sample_tensors();
+  io::write_safetensors(dir / "t.safetensors", tensors, {});
+  io::SafeTensorsReader reader(dir / "t.safetensors");
+  for (const auto& info : reader.tensors()) {
+    const auto expected = reader.read(info);
+    auto same = torch::full(info.shape, 7, torch::TensorOptions().dtype(info.dtype));
+    reader.read_into(info, same);
+    EXPECT_TRUE(same_bits(same, expected)) << info.name;
+    if (info.dtype == torch::kBool) continue;
+    auto wider = torch::zeros(info.shape, torch::kFloat64);  // a converting copy
+    reader.read_into(info, wider);
+    const auto as_double = expected.to(torch::kFloat64);  // NaN != NaN: the NaNs in the same places, the rest equal
+    EXPECT_TRUE(wider.isnan().equal(as_double.isnan()) && wider.nan_to_num(0.0).equal(as_double.nan_to_num(0.0)))
+        << info.name;
+    if (info.shape.size() == 2) {  // into a transposed view: not contiguous
+      auto buffer = torch::zeros({info.shape[1], info.shape[0]}, torch::TensorOptions().dtype(info.dtype));
+      auto view = buffer.t();
+      reader.read_into(info, view);
+      EXPECT_TRUE(same_bits(view.contiguous(), expected)) << info.name;
+    }
+  }
+  const io::TensorInfo* f32 = reader.find("f32");
+  ASSERT_NE(f32, nullptr);
+  auto wrong = torch::full({5, 3}, 2.0f);
+  EXPECT_THROW(reader.read_into(*f32, wrong), std::invalid_argument);
+  EXPECT_TRUE(wrong.eq(2.0f).all().item<bool>());
+}
+
 TEST(SafeTensors, MetadataRoundTripsAnyUtf8AndEscapes) {
   ScratchDir dir;
   const std::map<std::string, std::string> metadata = {

@@ -198,9 +198,12 @@ std::string shape_str(torch::IntArrayRef s) {
   return o.str();
 }
 
-void load_weights(io::SafeTensorsReader& reader, const std::string& path, model::GPT& model) {
-  // Every tensor is checked before the first one is copied: a bad file leaves the model as it was.
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> checked;  // (from the file, parameter)
+// Sets every parameter of `model` from the checkpoint. Every tensor is checked before the first
+// one is read: a bad header leaves the model as it was. `fresh`: a model made only to be loaded,
+// which nobody sees if this throws; its parameters are read straight into their memory. Otherwise
+// every tensor is read first and copied after (a file that fails half-way leaves the model whole).
+void load_weights(io::SafeTensorsReader& reader, const std::string& path, model::GPT& model, bool fresh = false) {
+  std::vector<std::pair<const io::TensorInfo*, torch::Tensor>> checked;  // (in the file, parameter)
   for (auto& item : model->named_parameters()) {
     const std::string name = kModelPrefix + item.key();
     const io::TensorInfo* info = reader.find(name);
@@ -209,10 +212,16 @@ void load_weights(io::SafeTensorsReader& reader, const std::string& path, model:
       throw ckpt_error(path, "tensor '" + name + "' has shape " + shape_str(info->shape) + ", the config expects " +
                                  shape_str(item.value().sizes()));
     if (!c10::isFloatingType(info->dtype)) throw ckpt_error(path, "tensor '" + name + "' is not floating point");
-    checked.emplace_back(reader.read(*info), item.value());
+    checked.emplace_back(info, item.value());
   }
   torch::NoGradGuard no_grad;
-  for (auto& [stored, param] : checked) param.copy_(stored);
+  if (fresh) {
+    for (auto& [info, param] : checked) reader.read_into(*info, param);
+    return;
+  }
+  std::vector<torch::Tensor> stored;
+  for (auto& [info, param] : checked) stored.push_back(reader.read(*info));
+  for (size_t i = 0; i < checked.size(); ++i) checked[i].second.copy_(stored[i]);
 }
 
 void load_optimizer(io::SafeTensorsReader& reader, const std::string& path, FlatAdamW& optimizer) {
@@ -291,7 +300,7 @@ LoadedModel load_model(const std::string& path, torch::Device device) {
   auto config = loaded.meta.model_config;
   config.dropout = 0.0;  // inference
   loaded.model = model::GPT(config, /*initialise=*/false);  // load_weights sets every parameter
-  load_weights(reader, path, loaded.model);
+  load_weights(reader, path, loaded.model, /*fresh=*/true);
   loaded.model->to(device);
   loaded.model->eval();
   return loaded;
