@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -166,6 +167,16 @@ TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
   EXPECT_NE(skipped.err.find("U+00E9"), std::string::npos);
   expect_one_error_line(run(base + "--temperature=-1", dir.path), "temperature");
   expect_one_error_line(run(base + "--top_p=0", dir.path), "top_p");
+  // The decoder's kernel knob (for the tests) with a value it does not know: a warning, and the
+  // kernels it would pick anyway (the same samples).
+  if (!std::getenv("NANOGPT_KERNELS")) {
+    setenv("NANOGPT_KERNELS", "avx512", 1);
+    auto unknown = run(base + "--seed=7", dir.path);
+    unsetenv("NANOGPT_KERNELS");
+    EXPECT_EQ(unknown.rc, 0) << unknown.err;
+    EXPECT_EQ(unknown.out, a.out);
+    EXPECT_NE(unknown.err.find("warning: NANOGPT_KERNELS=avx512 is not a kernel set"), std::string::npos) << unknown.err;
+  }
 }
 
 TEST(Cli, BrokenCheckpointsAreClearErrors) {

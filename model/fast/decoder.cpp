@@ -244,6 +244,8 @@ Kernels kernels() {
 #if NANOGPT_X86_INTRINSICS
     const char* env = std::getenv("NANOGPT_KERNELS");
     const std::string cap = env ? env : "";
+    if (!cap.empty() && cap != "avx512f" && cap != "portable")
+      fmt::print(stderr, "[model] warning: NANOGPT_KERNELS={} is not a kernel set (avx512f or portable): ignored\n", cap);
     __builtin_cpu_init();
     if (cap == "portable" || !__builtin_cpu_supports("avx512f")) return Kernels::portable;
     if (cap == "avx512f" || !__builtin_cpu_supports("avx512bf16")) return Kernels::avx512f;
