@@ -32,7 +32,7 @@ torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k, co
 
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config)
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config, Fill fill)
     : n_head_(config.n_head),
       n_kv_head_(config.kv_heads()),
       head_size_(config.head_size()),
@@ -41,11 +41,10 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& config)
       dropout_(config.dropout),
       attention_(config.attention) {
   const int64_t C = config.n_embd, kv_width = n_kv_head_ * head_size_;
-  auto linear = [&](int64_t in, int64_t out) { return torch::nn::LinearOptions(in, out).bias(config.bias); };
-  q_proj = register_module("q_proj", torch::nn::Linear(linear(C, C)));
-  k_proj = register_module("k_proj", torch::nn::Linear(linear(C, kv_width)));
-  v_proj = register_module("v_proj", torch::nn::Linear(linear(C, kv_width)));
-  c_proj = register_module("c_proj", torch::nn::Linear(linear(C, C)));
+  q_proj = register_module("q_proj", Linear(C, C, config.bias, fill));
+  k_proj = register_module("k_proj", Linear(C, kv_width, config.bias, fill));
+  v_proj = register_module("v_proj", Linear(C, kv_width, config.bias, fill));
+  c_proj = register_module("c_proj", Linear(C, C, config.bias, fill));
   attn_dropout = register_module("attn_dropout", Dropout(config.dropout));
   resid_dropout = register_module("resid_dropout", Dropout(config.dropout));
 }

@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "model/fast/dropout.h"
+#include "model/layers.h"
 #include "model/positions.h"
 
 namespace nanogpt::model {
@@ -26,7 +27,7 @@ struct AttentionContext {
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const ModelConfig& config);
+  explicit CausalSelfAttentionImpl(const ModelConfig& config, Fill fill = Fill::random);
 
   static constexpr double qk_norm_eps = 1e-6;  // QK-norm: q / sqrt(mean(q²) + eps), per head
 
@@ -36,10 +37,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   /// past block_size the oldest position makes room (a sliding window, for RoPE; see generate.h).
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& ctx = {});
 
-  torch::nn::Linear q_proj{nullptr};  // C -> nh * hs
-  torch::nn::Linear k_proj{nullptr};  // C -> nkv * hs
-  torch::nn::Linear v_proj{nullptr};  // C -> nkv * hs
-  torch::nn::Linear c_proj{nullptr};  // C -> C, the output projection
+  Linear q_proj{nullptr};  // C -> nh * hs
+  Linear k_proj{nullptr};  // C -> nkv * hs
+  Linear v_proj{nullptr};  // C -> nkv * hs
+  Linear c_proj{nullptr};  // C -> C, the output projection
 
   /// While frozen, Q/K/V use one concatenated copy of their weights made now, instead of
   /// concatenating at every call (for sampling, where no weight changes: one token's decode would

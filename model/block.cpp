@@ -3,11 +3,11 @@
 
 namespace nanogpt::model {
 
-BlockImpl::BlockImpl(const ModelConfig& config) {
+BlockImpl::BlockImpl(const ModelConfig& config, Fill fill) {
   ln_1 = register_module("ln_1", Norm(config.norm, config.n_embd, config.bias));
-  attn = register_module("attn", CausalSelfAttention(config));
+  attn = register_module("attn", CausalSelfAttention(config, fill));
   ln_2 = register_module("ln_2", Norm(config.norm, config.n_embd, config.bias));
-  mlp = register_module("mlp", MLP(config));
+  mlp = register_module("mlp", MLP(config, fill));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const AttentionContext& ctx) {

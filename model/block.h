@@ -12,7 +12,7 @@ namespace nanogpt::model {
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const ModelConfig& config);
+  explicit BlockImpl(const ModelConfig& config, Fill fill = Fill::random);
   /// x (B, T, C) -> (B, T, C).
   torch::Tensor forward(const torch::Tensor& x, const AttentionContext& ctx = {});
 

@@ -13,19 +13,20 @@ namespace nanogpt::model {
 
 GPTImpl::GPTImpl(const ModelConfig& config, bool initialise) : config_(config) {
   config_.validate();
-  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
+  const Fill fill = initialise ? Fill::random : Fill::none;  // LibTorch's fill, then GPT-2's over it
+  wte = register_module("wte", Embedding(config.vocab_size, config.n_embd, fill));
   if (config.pos_encoding == "learned")
-    wpe = register_module("wpe", torch::nn::Embedding(config.block_size, config.n_embd));
+    wpe = register_module("wpe", Embedding(config.block_size, config.n_embd, fill));
   else if (config.pos_encoding == "sinusoidal")
     sinusoid_ = sinusoidal_table(config.block_size, config.n_embd);
   else
     rope_ = std::make_shared<Rope>(config.block_size, config.head_size(), config.rope_base);
   drop = register_module("drop", Dropout(config.dropout));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Block(config));
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Block(config, fill));
   ln_f = register_module("ln_f", Norm(config.norm, config.n_embd, config.bias));
   if (!config.tie_embeddings)
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.n_embd, config.vocab_size).bias(false)));
+    lm_head = register_module("lm_head", Linear(config.n_embd, config.vocab_size, /*bias=*/false, fill));
   if (initialise) init_weights();
 }
 

@@ -19,8 +19,9 @@ namespace nanogpt::model {
 
 class GPTImpl : public torch::nn::Module {
  public:
-  /// initialise false skips GPT-2's initialisation (N(0, 0.02) weights, zero biases) for a model
-  /// whose every parameter is loaded next (LibTorch's layers still fill theirs at construction).
+  /// initialise false leaves the parameters unset, for a model whose every parameter is loaded
+  /// next: no GPT-2 initialisation (N(0, 0.02) weights, zero biases), and no random fill of the
+  /// layers before it (model/layers.h); the random generator is not touched.
   explicit GPTImpl(const ModelConfig& config, bool initialise = true);
 
   /// idx (B, T) int64 token ids, T <= block_size.
@@ -62,9 +63,9 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor head(const torch::Tensor& x);                         // (B, T, C) -> (B, T, V)
 
   ModelConfig config_;
-  torch::nn::Embedding wte{nullptr};  // (V, C), also the output head when tied
-  torch::nn::Linear lm_head{nullptr}; // (V, C), the output head when not tied
-  torch::nn::Embedding wpe{nullptr};  // (block_size, C), learned positions only
+  Embedding wte{nullptr};  // (V, C), also the output head when tied
+  Linear lm_head{nullptr}; // (V, C), the output head when not tied
+  Embedding wpe{nullptr};  // (block_size, C), learned positions only
   Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};   // n_layer Blocks
   Norm ln_f{nullptr};

@@ -48,10 +48,10 @@ torch::Tensor mlp_activation(const std::string& kind, const torch::Tensor& h) {
   return torch::silu(gate_up[0]) * gate_up[1];  // (B, T, H)
 }
 
-MLPImpl::MLPImpl(const ModelConfig& config) : activation_(config.mlp) {
+MLPImpl::MLPImpl(const ModelConfig& config, Fill fill) : activation_(config.mlp) {
   const int64_t C = config.n_embd, H = config.mlp_hidden(), fc_out = activation_ == "swiglu" ? 2 * H : H;
-  c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(C, fc_out).bias(config.bias)));
-  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(H, C).bias(config.bias)));
+  c_fc = register_module("c_fc", Linear(C, fc_out, config.bias, fill));
+  c_proj = register_module("c_proj", Linear(H, C, config.bias, fill));
   dropout = register_module("dropout", Dropout(config.dropout));
 }
 

@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "model/fast/dropout.h"
+#include "model/layers.h"
 
 namespace nanogpt::model {
 
@@ -18,7 +19,7 @@ torch::Tensor mlp_activation(const std::string& kind, const torch::Tensor& h);
 
 class MLPImpl : public torch::nn::Module {
  public:
-  explicit MLPImpl(const ModelConfig& config);
+  explicit MLPImpl(const ModelConfig& config, Fill fill = Fill::random);
   /// x (B, T, C) -> (B, T, C). In training, when c_fc's output h has at least kRecomputeMinValues
   /// values, the activation's output is not kept for backward but recomputed there from h.
   torch::Tensor forward(const torch::Tensor& x);
@@ -28,8 +29,8 @@ class MLPImpl : public torch::nn::Module {
   /// 25M values save 300 MB for ~1%.
   static constexpr int64_t kRecomputeMinValues = int64_t{4} << 20;
 
-  torch::nn::Linear c_fc{nullptr};    // C -> H (swiglu: C -> 2H, the gate and the up projection)
-  torch::nn::Linear c_proj{nullptr};  // H -> C, an output projection (scaled init)
+  Linear c_fc{nullptr};    // C -> H (swiglu: C -> 2H, the gate and the up projection)
+  Linear c_proj{nullptr};  // H -> C, an output projection (scaled init)
 
  private:
   std::string activation_;  // gelu | relu2 | swiglu

@@ -56,6 +56,60 @@ torch::Tensor naive_attention(CausalSelfAttentionImpl& attn, const torch::Tensor
 
 }  // namespace
 
+// The model's Linear and Embedding (model/layers.h) against LibTorch's own layers: the same random
+// fill from the same seed, the same parameter names, the same outputs; Fill::none draws nothing.
+TEST(Layers, FillAsLibTorchsLayersOrNotAtAll) {
+  for (bool bias : {true, false}) {
+    torch::manual_seed(5);
+    torch::nn::Linear theirs(torch::nn::LinearOptions(7, 3).bias(bias));
+    torch::manual_seed(5);
+    Linear ours(7, 3, bias);
+    EXPECT_TRUE(ours->weight.equal(theirs->weight));
+    EXPECT_EQ(ours->named_parameters().keys(), theirs->named_parameters().keys());
+    if (bias) {
+      EXPECT_TRUE(ours->bias.equal(theirs->bias));
+    }
+    const auto x = torch::randn({2, 4, 7});
+    EXPECT_TRUE(ours(x).equal(theirs(x)));
+  }
+  torch::manual_seed(6);
+  torch::nn::Embedding theirs(11, 4);
+  torch::manual_seed(6);
+  Embedding ours(11, 4);
+  EXPECT_TRUE(ours->weight.equal(theirs->weight));
+  EXPECT_EQ(ours->named_parameters().keys(), theirs->named_parameters().keys());
+  const auto idx = torch::tensor({{3, 0, 10}, {7, 7, 1}}, torch::kLong);
+  EXPECT_TRUE(ours(idx).equal(theirs(idx)));
+
+  // Fill::none: the shapes and names, and the generator where it was.
+  torch::manual_seed(9);
+  const auto expected = torch::rand({4});
+  torch::manual_seed(9);
+  Linear bare(7, 3, true, Fill::none);
+  Embedding bare_table(11, 4, Fill::none);
+  EXPECT_TRUE(torch::rand({4}).equal(expected));
+  EXPECT_EQ(bare->weight.sizes(), torch::IntArrayRef({3, 7}));
+  EXPECT_EQ(bare->bias.sizes(), torch::IntArrayRef({3}));
+  EXPECT_EQ(bare_table->weight.sizes(), torch::IntArrayRef({11, 4}));
+  EXPECT_TRUE(bare->weight.requires_grad());
+}
+
+// A model built to be loaded has every parameter of one built to train, and draws no random number.
+TEST(Layers, AModelBuiltToBeLoadedDrawsNothing) {
+  ModelConfig config = tiny("learned");  // wpe too
+  config.bias = true;
+  config.tie_embeddings = false;    // lm_head too
+  torch::manual_seed(3);
+  const auto expected = torch::rand({4});
+  torch::manual_seed(3);
+  GPT loaded(config, /*initialise=*/false);
+  EXPECT_TRUE(torch::rand({4}).equal(expected));
+  auto trained = GPT(config)->named_parameters();
+  auto params = loaded->named_parameters();
+  ASSERT_EQ(params.keys(), trained.keys());
+  for (const auto& item : params) EXPECT_EQ(item.value().sizes(), trained[item.key()].sizes()) << item.key();
+}
+
 TEST(Attention, MatchesNaiveReferenceForwardAndGradients) {
   torch::manual_seed(0);
   for (int64_t nkv : {4, 2, 1}) {
