@@ -284,16 +284,15 @@ void SafeTensorsReader::read_into(const TensorInfo& info, const torch::Tensor& d
     dst.copy_(read(info));
     return;
   }
-  const torch::Tensor& t = dst;
   const uint64_t n = info.end - info.begin;
   if (n > 0) {
     in_.clear();
     in_.seekg(static_cast<std::streamoff>(data_start_ + info.begin));
-    in_.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(n));
+    in_.read(static_cast<char*>(dst.data_ptr()), static_cast<std::streamsize>(n));
     if (!in_) fail(fmt::format("tensor '{}': cannot read its {} bytes (file changed while reading?)", info.name, n));
   }
   if (info.dtype == torch::kBool) {
-    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    const auto* bytes = static_cast<const unsigned char*>(dst.data_ptr());
     for (uint64_t i = 0; i < n; ++i)
       if (bytes[i] > 1)
         fail(fmt::format("tensor '{}' is BOOL but holds byte {} (only 0 and 1 are valid)", info.name, bytes[i]));
