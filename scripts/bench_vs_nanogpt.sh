@@ -83,15 +83,16 @@ if [[ ! -f $patch ]]; then skip[nanoGPT_bf16]="no $patch"
 elif ! "$py" -c 'import sys, torch; sys.exit(not torch.ops.mkldnn._is_mkldnn_bf16_supported())'; then
   skip[nanoGPT_bf16]="this CPU has no hardware bf16 (LibTorch's bf16 GEMM is scalar code here)"
 fi
-# The CPU preset, ours and nanoGPT's, into $work/NAME and $work/NAME.log (the iterations as extra arguments).
+# The CPU preset, ours, into $work/NAME and $work/NAME.log (the iterations as extra arguments); and a
+# variant of nanoGPT's train.py with its arguments, into $work/NAME and $work/NAME.log.
 ours_cpu_run() {  # name args... ; stops the script when ours fails
   build/nanogpt train configs/shakespeare_char_cpu.yaml --out_dir="$work/$1" --log_interval=1 --warmup_iters="$warmup" \
     --num_threads="$threads" "${@:2}" >"$work/$1.log" 2>&1 || { tail -3 "$work/$1.log"; exit 1; }
 }
-nano_cpu_run() {  # variant name args...
+nano_run() {  # variant name args...
   local cmd
   read -r -a cmd <<<"${runner[$1]}"
-  (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${cpu_nano[@]}" "${@:3}" --out_dir="$work/$2" >"$work/$2.log" 2>&1)
+  (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${@:3}" --out_dir="$work/$2" >"$work/$2.log" 2>&1)
 }
 rows=()
 
@@ -108,7 +109,7 @@ rows+=("nanogpt-cpp (dtype auto) | $ours_ms | $ours_val | $(echo "scale=2; $ours
 for name in nanoGPT_fp32 nanoGPT_compile nanoGPT_bf16; do
   if [[ -n ${skip[$name]} ]]; then echo "[bench] skip $name: ${skip[$name]}"; continue; fi
   echo "[bench] $name, CPU preset"
-  nano_cpu_run "$name" "$name" || { tail -3 "$work/$name.log"; continue; }
+  nano_run "$name" "$name" "${cpu_nano[@]}" || { tail -3 "$work/$name.log"; continue; }
   read -r ms val < <(median nanogpt "$work/$name.log" 10)
   echo "[bench] $name, full preset"
   read -r -a cmd <<<"${runner[$name]}"
@@ -137,7 +138,7 @@ for round in $(seq "${CPU_ROUNDS:-3}"); do
   row="$round | $ours_round" best=""
   for name in nanoGPT_fp32 nanoGPT_bf16; do
     ms="-"
-    [[ -z ${skip[$name]} ]] && nano_cpu_run "$name" "${name}_round" "${cpu_round_args[@]}" &&
+    [[ -z ${skip[$name]} ]] && nano_run "$name" "${name}_round" "${cpu_nano[@]}" "${cpu_round_args[@]}" &&
       read -r ms _ < <(median nanogpt "$work/${name}_round.log" 10)
     row+=" | $ms"
     [[ $ms != - && ( -z $best || $(echo "$ms < $best" | bc -l) == 1 ) ]] && best=$ms
@@ -169,10 +170,8 @@ for round in $(seq "${TANG_ROUNDS:-2}"); do
     >"$work/ours_tang.log" 2>&1 || { tail -3 "$work/ours_tang.log"; exit 1; }
   read -r ours_tang ours_tang_val < <(median ours "$work/ours_tang.log" 10)
   nano_tang="-" nano_tang_val="-"
-  if [[ -f $patch ]]; then
-    (cd "$work/nanoGPT" && "$py" "$work/run_patch.py" "$patch" "${tang_nano[@]}" --out_dir="$work/nano_tang" \
-       >"$work/nano_tang.log" 2>&1) && read -r nano_tang nano_tang_val < <(median nanogpt "$work/nano_tang.log" 10)
-  fi
+  [[ -z ${skip[nanoGPT_bf16]} ]] && nano_run nanoGPT_bf16 nano_tang "${tang_nano[@]}" &&
+    read -r nano_tang nano_tang_val < <(median nanogpt "$work/nano_tang.log" 10)
   tang_rows+=("$round | $ours_tang | $ours_tang_val | $nano_tang | $nano_tang_val")
 done
 
