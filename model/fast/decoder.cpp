@@ -492,7 +492,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
     cache.v.assign(config_.n_layer, torch::Tensor());
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const bool parallel = threads_.use_threads();
+  const bool parallel = at::get_num_threads() > 1 && threads_.use_threads();
 #ifdef _OPENMP
   const int threads = parallel ? at::get_num_threads() : 1;
 #else
@@ -591,35 +591,6 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   cache.len = pos + 1;
   threads_.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return logits;
-}
-
-bool Decoder::ThreadChoice::use_threads() const {
-  if (at::get_num_threads() < 2) return false;
-  const int64_t phase = steps % kPeriod;
-  return phase < kTrial ? (phase / 2) % 2 == 0 : parallel;  // trials alternate in pairs over the same positions
-}
-
-void Decoder::ThreadChoice::record(bool threaded, double seconds) {
-  const int64_t phase = steps++ % kPeriod;
-  if (phase < kTrial) {
-    // Only the second token of each pair counts: the first after a switch pays for it (the other
-    // thread woken from its sleep, or the weights it cached now read by this one). The fastest
-    // counted token of each way: a stall only ever adds (measured: 27 us a token, and once 4 ms).
-    if (phase % 2 == 1) trial_best[threaded] = std::min(trial_best[threaded], seconds);
-    if (phase == kTrial - 1) {
-      serial_best = trial_best[0];
-      parallel_mean = trial_best[1];
-      parallel = parallel_mean < serial_best;
-      trial_best[0] = trial_best[1] = std::numeric_limits<double>::infinity();
-    }
-  } else if (threaded) {
-    // A token counts at most twice the one-thread time: a single stall (a time slice lost, the
-    // other thread woken late) does not switch, while a machine that slows every token does within
-    // a few. The 10% margin leaves room for the attention's cost growing with the position since
-    // the trial.
-    parallel_mean = 0.9 * parallel_mean + 0.1 * std::min(seconds, 2.0 * serial_best);
-    if (parallel_mean > 1.1 * serial_best) parallel = false;
-  }
 }
 
 }  // namespace nanogpt::model

@@ -14,10 +14,10 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <vector>
 
+#include "model/fast/thread_choice.h"
 #include "model/gpt.h"
 #include "model/kv_cache.h"
 #include "model/positions.h"
@@ -96,26 +96,7 @@ class Decoder {
   std::unique_ptr<Rope> rope_;    // RoPE only: its own tables, the same values as the model's
   std::vector<float> x_, xn_, qkv_, att_, hidden_buf_, attention_scratch_;  // per-token scratch, sized for B rows
 
-  // Whether to split the products over LibTorch's threads, by measurement: every kPeriod tokens,
-  // kTrial tokens alternate in pairs between all threads and one (the second of each pair timed),
-  // and the way with the faster token is kept; while the threads are kept, a running mean of their
-  // time per token that grows past the one-thread trial's fastest token switches back to one thread
-  // at once. On a quiet machine the threads win (CPU-preset model: 34 vs 52 us a token); on a busy
-  // one each of the 4 n_layer barriers per token can wait a scheduler time slice for a thread that
-  // lost its core (measured with a region per product: 2 threads ran the CPU-preset model 10-100x
-  // slower than one while two builds shared the machine). The logits do not depend on the choice:
-  // each row and head is computed the same way on any thread.
-  struct ThreadChoice {
-    static constexpr int64_t kPeriod = 2048, kTrial = 16;  // short trials: a lost one costs a few stalls
-    int64_t steps = 0;
-    bool parallel = true;
-    double trial_best[2] = {std::numeric_limits<double>::infinity(),  // [one thread, all threads]: the
-                            std::numeric_limits<double>::infinity()};  // fastest token of the current trial
-    double serial_best = 0.0;    // seconds of the fastest one-thread token at the last trial
-    double parallel_mean = 0.0;  // running mean of seconds per token on all threads (from the trial's fastest)
-    bool use_threads() const;
-    void record(bool threaded, double seconds);
-  } threads_;
+  ThreadChoice threads_;  // whether a token's products run on all threads or one, by measurement
 };
 
 }  // namespace nanogpt::model

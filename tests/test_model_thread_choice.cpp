@@ -1,0 +1,134 @@
+// The decoder's choice of threads (model/fast/thread_choice.h), driven by made-up token times: a
+// "machine" says how long a token takes on all threads and on one, token by token, and the tests
+// follow what ThreadChoice asks for. Times are those measured for the full-preset model: ~180 us a
+// token on two threads and ~330 us on one on a quiet machine; a stalled two-thread token (the other
+// thread lost its core) ~4 ms.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "model/fast/thread_choice.h"
+
+using nanogpt::model::ThreadChoice;
+
+namespace {
+
+constexpr double kThreads = 180e-6, kOne = 330e-6, kStalled = 4e-3;
+
+// Seconds a token takes at token i, on all threads or on one.
+using Machine = std::function<double(int64_t i, bool threaded)>;
+
+struct Decoding {
+  std::vector<bool> threaded;  // each token's way
+  int64_t trials = 0;          // trials started
+  double seconds = 0.0;        // total
+
+  int64_t threaded_in(int64_t from, int64_t to) const {
+    int64_t n = 0;
+    for (int64_t i = from; i < to; ++i) n += threaded[i];
+    return n;
+  }
+};
+
+Decoding run(const Machine& machine, int64_t tokens) {
+  ThreadChoice choice;
+  Decoding r;
+  bool was_in_trial = false;
+  for (int64_t i = 0; i < tokens; ++i) {
+    r.trials += choice.in_trial() && !was_in_trial;
+    was_in_trial = choice.in_trial();
+    const bool threaded = choice.use_threads();
+    const double t = machine(i, threaded);
+    choice.record(threaded, t);
+    r.threaded.push_back(threaded);
+    r.seconds += t;
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST(ThreadChoice, AQuietMachineKeepsTheThreadsBetweenPeriodicTrials) {
+  const int64_t n = 5000;
+  const Decoding r = run([](int64_t, bool threaded) { return threaded ? kThreads : kOne; }, n);
+  EXPECT_EQ(r.trials, (n + ThreadChoice::kPeriod - 1) / ThreadChoice::kPeriod);  // one every period
+  EXPECT_EQ(r.threaded_in(0, n), n - r.trials * ThreadChoice::kTrial / 2);       // one thread only in trials
+}
+
+TEST(ThreadChoice, AShortSlowdownOfBothWaysCostsOneShortWait) {
+  // Tokens 800-900 are 2.2x slower either way (another tenant streaming through the shared cache):
+  // the threads' running mean passes the one-thread token of the first trial and one thread takes
+  // over, but only for kFirstWait tokens: the next trial finds the threads faster again. (It used to
+  // keep one thread to the end of the period, token 2048.)
+  const auto machine = [](int64_t i, bool threaded) {
+    const double slow = i >= 800 && i < 900 ? 2.2 : 1.0;
+    return slow * (threaded ? kThreads : kOne);
+  };
+  const Decoding r = run(machine, 2000);
+  EXPECT_EQ(r.trials, 2);  // the first, and one after the wait
+  // The mean of 2.2x-slower threads passes 1.1x the one-thread token in 18 tokens.
+  const int64_t back = 800 + 20 + ThreadChoice::kFirstWait + ThreadChoice::kTrial;
+  EXPECT_EQ(r.threaded_in(back, 2000), 2000 - back);
+  EXPECT_GE(r.threaded_in(0, 2000), 2000 - ThreadChoice::kFirstWait - 2 * ThreadChoice::kTrial / 2);
+}
+
+TEST(ThreadChoice, AnotherProgramOnTheOtherCoreMovesToOneThreadWithinAFewTokens) {
+  // From token 500 the second thread stalls every token.
+  const auto machine = [](int64_t i, bool threaded) { return threaded ? (i < 500 ? kThreads : kStalled) : kOne; };
+  const Decoding r = run(machine, 2000);
+  int64_t switched = 500;
+  while (switched < 2000 && r.threaded[switched]) ++switched;
+  EXPECT_LE(switched - 500, 10);
+  // After the switch only the later trials run on the threads, half their tokens each.
+  EXPECT_EQ(r.threaded_in(switched, 2000), (r.trials - 1) * ThreadChoice::kTrial / 2);
+  EXPECT_EQ(r.trials, 3);  // after waits of 256 and 512 tokens; the next, after 1,024, is past the end
+}
+
+TEST(ThreadChoice, ABusyMachineIsCheckedLessAndLessOften) {
+  // The threads always stall: every trial keeps one thread, and the wait to the next one doubles
+  // from kFirstWait to kPeriod, so the trials (each with a few stalled tokens) grow with the log of
+  // the run's length until the waits reach kPeriod.
+  const int64_t n = 20000;
+  const Decoding r = run([](int64_t, bool threaded) { return threaded ? kStalled : kOne; }, n);
+  int64_t expected = 1, at = ThreadChoice::kTrial, wait = ThreadChoice::kFirstWait;  // `at`: the end of a trial
+  while (at + wait < n) {
+    at += wait + ThreadChoice::kTrial;
+    wait = std::min(2 * wait, ThreadChoice::kPeriod);
+    ++expected;
+  }
+  EXPECT_EQ(r.trials, expected);
+  EXPECT_LE(r.trials, 1 + static_cast<int64_t>(std::log2(static_cast<double>(ThreadChoice::kPeriod) /
+                                                         ThreadChoice::kFirstWait)) +
+                          n / ThreadChoice::kPeriod);
+  EXPECT_EQ(r.threaded_in(0, n), r.trials * ThreadChoice::kTrial / 2);
+}
+
+TEST(ThreadChoice, ALuckyTrialCostsAFewStalledTokens) {
+  // The threads stall on every token but one of each trial's counted ones (the other core's
+  // program happened to sleep): the trial keeps the threads, the running mean switches to one
+  // thread within a few tokens, and the waits still double, so the lucky trials stay few.
+  const int64_t n = 20000;
+  int64_t threaded_tokens = 0;
+  const auto machine = [&](int64_t, bool threaded) {
+    if (!threaded) return kOne;
+    return ++threaded_tokens % (ThreadChoice::kTrial / 2) == 2 ? kThreads : kStalled;  // the first counted
+  };
+  const Decoding r = run(machine, n);
+  EXPECT_LE(r.trials, 1 + static_cast<int64_t>(std::log2(static_cast<double>(ThreadChoice::kPeriod) /
+                                                         ThreadChoice::kFirstWait)) +
+                          n / ThreadChoice::kPeriod);
+  EXPECT_LE(r.threaded_in(0, n), r.trials * (ThreadChoice::kTrial / 2 + 10));  // each switch within 10
+}
+
+TEST(ThreadChoice, TheThreadsComeBackWhenTheMachineQuietens) {
+  // Busy until token 1000, quiet after: the threads are back after the wait under way at 1000, which
+  // is at most kPeriod, and stay.
+  const auto machine = [](int64_t i, bool threaded) { return threaded ? (i < 1000 ? kStalled : kThreads) : kOne; };
+  const int64_t n = 6000, by = 1000 + ThreadChoice::kPeriod + ThreadChoice::kTrial;
+  const Decoding r = run(machine, n);
+  const int64_t trials_after = (n - by) / ThreadChoice::kPeriod + 1;  // one a period from there on
+  EXPECT_GE(r.threaded_in(by, n), n - by - trials_after * ThreadChoice::kTrial / 2);
+}
