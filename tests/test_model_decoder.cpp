@@ -258,11 +258,14 @@ TEST(Decoder, GenerateAndBeamSearchGiveTheSameTokensEitherWay) {
     fast.top_k = general.top_k = 8;
     fast.top_p = general.top_p = 0.95;
     general.fast_decoder = false;
-    for (int64_t B : {1, 3}) {
-      std::mt19937_64 a(7), b(7);
-      // 30 new tokens: past block_size (sliding with RoPE, re-filled windows with learned positions)
-      EXPECT_EQ(generate(model, {1, 2}, B, 30, fast, a), generate(model, {1, 2}, B, 30, general, b)) << pos << " B " << B;
-    }
+    for (int64_t B : {1, 3})
+      for (const std::vector<int64_t>& prompt : {std::vector<int64_t>{1}, std::vector<int64_t>{1, 2}}) {
+        std::mt19937_64 a(7), b(7);
+        // 30 new tokens: past block_size (sliding with RoPE, re-filled windows with learned
+        // positions); a one-token prompt's first step goes through the decoder too
+        EXPECT_EQ(generate(model, prompt, B, 30, fast, a), generate(model, prompt, B, 30, general, b))
+            << pos << " B " << B << " prompt of " << prompt.size();
+      }
     BeamOptions wide, wide_general;
     wide.width = wide_general.width = 3;
     wide_general.fast_decoder = false;
