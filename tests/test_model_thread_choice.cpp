@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <random>
 #include <vector>
 
 #include "model/fast/thread_choice.h"
@@ -131,4 +133,79 @@ TEST(ThreadChoice, TheThreadsComeBackWhenTheMachineQuietens) {
   const Decoding r = run(machine, n);
   const int64_t trials_after = (n - by) / ThreadChoice::kPeriod + 1;  // one a period from there on
   EXPECT_GE(r.threaded_in(by, n), n - by - trials_after * ThreadChoice::kTrial / 2);
+}
+
+// The decoder's split of the rows between its threads (WorkSplit), driven by made-up busy times.
+
+using nanogpt::model::WorkSplit;
+
+namespace {
+
+// One token on threads of the given speeds (rows per second, relative): each thread's busy time is
+// its fraction over its speed.
+void token(WorkSplit& split, const std::vector<double>& speed) {
+  std::vector<double> busy(speed.size());
+  for (size_t t = 0; t < speed.size(); ++t) busy[t] = split.fraction(static_cast<int>(t)) / speed[t];
+  split.update(busy.data());
+}
+
+}  // namespace
+
+TEST(WorkSplit, SharesTileTheItemsInOrderInWholeUnits) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> speed(0.2, 5.0);
+  for (int team = 1; team <= 4; ++team) {
+    WorkSplit split(team);
+    for (int round = 0; round < 20; ++round) {
+      for (int64_t n : {1, 3, 5, 65, 384, 1152, 1536})
+        for (int64_t unit : {1, 4}) {
+          int64_t next = 0;
+          for (int t = 0; t < team; ++t) {
+            const auto [begin, end] = split.share(n, unit, t);
+            EXPECT_EQ(begin, next) << team << " threads, n " << n << ", thread " << t;
+            EXPECT_LE(begin, end);
+            EXPECT_TRUE(begin % unit == 0 || begin == n);
+            next = end;
+          }
+          EXPECT_EQ(next, n) << team << " threads, n " << n;
+        }
+      std::vector<double> speeds(team);
+      for (auto& s : speeds) s = speed(rng);
+      token(split, speeds);
+    }
+  }
+}
+
+TEST(WorkSplit, ASlowerThreadGetsFewerRowsUntilTheBusyTimesMatch) {
+  WorkSplit split(2);
+  for (int i = 0; i < 20; ++i) token(split, {1.0, 1.0});  // equal speeds: equal shares
+  EXPECT_DOUBLE_EQ(split.fraction(0), 0.5);
+  for (int i = 0; i < 60; ++i) token(split, {1.0, 0.5});  // the second thread at half speed
+  EXPECT_NEAR(split.fraction(0), 2.0 / 3.0, 1e-4);
+  EXPECT_NEAR(split.fraction(0) / 1.0, split.fraction(1) / 0.5, 1e-3);  // the same busy time
+  for (int i = 0; i < 60; ++i) token(split, {1.0, 1.0});  // and back
+  EXPECT_NEAR(split.fraction(0), 0.5, 1e-4);
+  WorkSplit three(3);
+  for (int i = 0; i < 80; ++i) token(three, {1.0, 2.0, 1.0});
+  EXPECT_NEAR(three.fraction(1), 0.5, 1e-4);
+}
+
+TEST(WorkSplit, AStalledThreadKeepsSomeRows) {
+  WorkSplit split(2);
+  for (int i = 0; i < 100; ++i) token(split, {1.0, 1e-4});  // the second thread all but stopped
+  EXPECT_GE(split.fraction(1), 0.8 * WorkSplit::kMinShare / 2);
+  EXPECT_LT(split.fraction(1), 1.2 * WorkSplit::kMinShare / 2);
+  for (int i = 0; i < 60; ++i) token(split, {1.0, 1.0});
+  EXPECT_NEAR(split.fraction(1), 0.5, 1e-3);  // it has rows to show it is fast again
+}
+
+TEST(WorkSplit, UnusableTimesLeaveTheSplitAsItIs) {
+  WorkSplit split(2);
+  token(split, {1.0, 0.5});
+  const double before = split.fraction(0);
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    const double busy[2] = {1e-4, bad};
+    split.update(busy);
+    EXPECT_EQ(split.fraction(0), before) << bad;
+  }
 }

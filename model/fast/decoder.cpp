@@ -498,6 +498,10 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
 #else
   const int threads = 1;  // built without OpenMP: no parallel region
 #endif
+  if (threads > 1 && split_.team() != threads) {  // the first token on these threads
+    split_.reset(threads);
+    busy_.assign(threads, 0.0);
+  }
   const int64_t C = C_, H = hidden_, scratch_size = decode_attention_scratch(block, hs_);
   x_.resize(B * C);
   xn_.resize(threads * B * C);  // each thread normalises into its own copy: no barrier for it
@@ -528,16 +532,24 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   const float cap = static_cast<float>(config_.logit_softcap);
   const bool gated = activation_ == Activation::swiglu;
 
-  // One parallel region for the whole token: each thread takes the same share of every product
-  // (whole row blocks, by its index) and of the kv heads, and waits at a barrier only where the next
-  // step reads what all of them wrote: four times a layer. (A region per product, ~20 a token, cost
+  // One parallel region for the whole token: each thread takes its share of every product (whole
+  // row blocks, in the fractions split_ keeps by the threads' measured speeds) and of the kv heads,
+  // and waits at a barrier only where the next step reads what all of them wrote: four times a
+  // layer. (A region per product, ~20 a token, cost
   // more in waking the other thread than it saved on the CPU-preset model.)
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
+    const auto start = std::chrono::steady_clock::now();
     const int tid = thread_index(), team = team_size();
-    const auto share = [&](int64_t n, int64_t unit) {  // [begin, end) of n items in whole units of `unit`
-      const int64_t units = (n + unit - 1) / unit;
-      return std::pair<int64_t, int64_t>{std::min(n, units * tid / team * unit), std::min(n, units * (tid + 1) / team * unit)};
+    const bool measured = team > 1 && team == split_.team();  // (OpenMP may give fewer threads than asked)
+    const WorkSplit equal(team);
+    const WorkSplit& split = measured ? split_ : equal;
+    const auto share = [&](int64_t n, int64_t unit) { return split.share(n, unit, tid); };
+    double waited = 0.0;  // seconds at the barriers
+    const auto barrier = [&waited] {
+      const auto arrived = std::chrono::steady_clock::now();
+#pragma omp barrier
+      waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
     };
     float* xn = xn_.data() + tid * B * C;
     float* scratch = attention_scratch_.data() + tid * scratch_size;
@@ -552,17 +564,17 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
       for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_1_w, l.ln_1_b, xn + b * C);
       l.qkv_w.rows(xn, C, B, C, q0, q1, qkv, qkv_width_, false);
       add_bias(l.qkv_b, B, q0, q1, qkv, qkv_width_);
-#pragma omp barrier
+      barrier();
       const auto attend = [&](auto* kc, auto* vc) {  // the caches as their dtype's bits
         decode_attention_groups(qkv, kc, vc, att, block, hs_, pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1,
                                 scratch);
       };
       if (bf16_) attend(static_cast<uint16_t*>(k_cache[i]), static_cast<uint16_t*>(v_cache[i]));
       else attend(static_cast<float*>(k_cache[i]), static_cast<float*>(v_cache[i]));
-#pragma omp barrier
+      barrier();
       l.o_w.rows(att, C, B, C, c0, c1, x, C, /*accumulate=*/true);  // the residual add, in place
       add_bias(l.o_b, B, c0, c1, x, C);
-#pragma omp barrier
+      barrier();
       // x + mlp(ln_2(x)); the activation on each thread's own rows, right after it computed them.
       for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_2_w, l.ln_2_b, xn + b * C);
       l.fc_w.rows(xn, C, B, C, h0, h1, hid, fc_out_, false);
@@ -577,17 +589,19 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
         else
           for (int64_t r = h0; r < h1; ++r) hb[r] = silu(hb[r]) * hb[H + r];  // silu(gate) * up, into the gate's place
       }
-#pragma omp barrier
+      barrier();
       l.proj_w.rows(hid, fc_out_, B, H, c0, c1, x, C, /*accumulate=*/true);
       add_bias(l.proj_b, B, c0, c1, x, C);
-#pragma omp barrier
+      barrier();
     }
     for (int64_t b = 0; b < B; ++b) norm(x + b * C, ln_f_w_, ln_f_b_, xn + b * C);
     head_.rows(xn, C, B, C, v0, v1, out, V, false);
     if (cap > 0)  // as GPT::head: cap * tanh(logits / cap)
       for (int64_t b = 0; b < B; ++b)
         for (int64_t r = v0; r < v1; ++r) out[b * V + r] = std::tanh(out[b * V + r] / cap) * cap;
+    if (measured) busy_[tid] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - waited;
   }
+  if (threads > 1 && split_.team() == threads) split_.update(busy_.data());
   cache.len = pos + 1;
   threads_.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return logits;

@@ -97,6 +97,8 @@ class Decoder {
   std::vector<float> x_, xn_, qkv_, att_, hidden_buf_, attention_scratch_;  // per-token scratch, sized for B rows
 
   ThreadChoice threads_;  // whether a token's products run on all threads or one, by measurement
+  WorkSplit split_;            // each thread's share of the rows, by measured speed
+  std::vector<double> busy_;  // each thread's working seconds in the last token
 };
 
 }  // namespace nanogpt::model

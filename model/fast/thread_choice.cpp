@@ -2,6 +2,7 @@
 #include "model/fast/thread_choice.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace nanogpt::model {
 
@@ -44,6 +45,38 @@ void ThreadChoice::record(bool threaded, double seconds) {
     parallel_mean_ = 0.9 * parallel_mean_ + 0.1 * std::min(seconds, 2.0 * serial_best_);
     if (parallel_mean_ > 1.1 * serial_best_) keep_one_thread();
   }
+}
+
+void WorkSplit::reset(int team) {
+  bounds_.resize(team + 1);
+  for (int t = 0; t <= team; ++t) bounds_[t] = static_cast<double>(t) / team;
+}
+
+std::pair<int64_t, int64_t> WorkSplit::share(int64_t n, int64_t unit, int tid) const {
+  const int64_t units = (n + unit - 1) / unit;
+  const auto at = [&](int t) { return std::min<int64_t>(n, std::llround(bounds_[t] * static_cast<double>(units)) * unit); };
+  return {at(tid), at(tid + 1)};
+}
+
+void WorkSplit::update(const double* busy) {
+  const int n = team();
+  if (n < 2) return;
+  std::vector<double> speed(n);
+  double total = 0.0;
+  for (int t = 0; t < n; ++t) {
+    if (!(busy[t] > 0.0) || !std::isfinite(busy[t])) return;  // no usable time: keep the split
+    speed[t] = fraction(t) / busy[t];
+    total += speed[t];
+  }
+  const double least = kMinShare / n;
+  std::vector<double> f(n);
+  double sum = 0.0;
+  for (int t = 0; t < n; ++t) {
+    f[t] = std::max(least, fraction(t) + kStep * (speed[t] / total - fraction(t)));
+    sum += f[t];
+  }
+  for (int t = 0; t < n; ++t) bounds_[t + 1] = bounds_[t] + f[t] / sum;
+  bounds_[n] = 1.0;
 }
 
 }  // namespace nanogpt::model

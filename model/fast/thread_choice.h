@@ -24,6 +24,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <utility>
+#include <vector>
 
 namespace nanogpt::model {
 
@@ -54,6 +56,40 @@ class ThreadChoice {
   double trial_best_[2] = {kInf, kInf};  // [one thread, all threads]: the fastest counted token of this trial
   double serial_best_ = 0.0;             // seconds of the fastest one-thread token at the last trial
   double parallel_mean_ = 0.0;           // running mean of seconds per token on all threads since then
+};
+
+/// How the decoder's products split their rows between the threads of a team: by measured speed.
+/// An equal split left the faster thread waiting at every barrier for the slower one: on this
+/// 2-vCPU host the second thread was the slower one, and the first waited 57-78 us of a ~370 us
+/// token at the barriers against its 17-31 (full-preset model, 2,000 tokens). After each token,
+/// each thread's fraction moves a fifth of the way to its share of the team's speed (its rows per
+/// second of its own work, the barrier waits left out). A thread keeps about a quarter of an equal
+/// share at least (the fractions are scaled back to a whole after), so one that stalled still has
+/// rows to show it is fast again. Rows change threads only at the boundaries, so most of each
+/// thread's weights stay in its caches. The logits do not depend on the split: each row is
+/// computed the same way on any thread.
+class WorkSplit {
+ public:
+  static constexpr double kStep = 0.2;        // how far a token moves the fractions toward the speeds
+  static constexpr double kMinShare = 0.25;   // of an equal share: the least a thread keeps
+
+  /// Equal fractions for `team` threads.
+  explicit WorkSplit(int team = 1) { reset(team); }
+  void reset(int team);
+  int team() const { return static_cast<int>(bounds_.size()) - 1; }
+
+  /// Thread `tid`'s items [begin, end) of n, in whole units of `unit` (the last unit may be short):
+  /// the threads' ranges tile [0, n) in order.
+  std::pair<int64_t, int64_t> share(int64_t n, int64_t unit, int tid) const;
+
+  /// Thread t's fraction of the rows.
+  double fraction(int t) const { return bounds_[t + 1] - bounds_[t]; }
+
+  /// After a token: busy[t], the seconds thread t spent working in it (not waiting), for every thread of the team.
+  void update(const double* busy);
+
+ private:
+  std::vector<double> bounds_;  // team + 1 cumulative fractions: 0, ..., 1
 };
 
 }  // namespace nanogpt::model
