@@ -537,14 +537,16 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   // and waits at a barrier only where the next step reads what all of them wrote: four times a
   // layer. (A region per product, ~20 a token, cost more in waking the other thread than it saved
   // on the CPU-preset model.)
+  bool split_measured = false;  // whether the region ran on split_'s team and timed every thread
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     const auto start = std::chrono::steady_clock::now();
     const int tid = thread_index(), team = team_size();
     const bool measured = team > 1 && team == split_.team();  // (OpenMP may give fewer threads than asked)
-    const WorkSplit equal(team);
-    const WorkSplit& split = measured ? split_ : equal;
-    const auto share = [&](int64_t n, int64_t unit) { return split.share(n, unit, tid); };
+    if (tid == 0) split_measured = measured;
+    const auto share = [&](int64_t n, int64_t unit) {
+      return measured ? split_.share(n, unit, tid) : WorkSplit::equal_share(n, unit, tid, team);
+    };
     double waited = 0.0;  // seconds at the barriers
     const auto barrier = [&waited] {
       const auto arrived = std::chrono::steady_clock::now();
@@ -601,7 +603,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
         for (int64_t r = v0; r < v1; ++r) out[b * V + r] = std::tanh(out[b * V + r] / cap) * cap;
     if (measured) busy_[tid] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - waited;
   }
-  if (threads > 1 && split_.team() == threads) split_.update(busy_.data());
+  if (split_measured) split_.update(busy_.data());  // every thread of the team wrote its busy time
   cache.len = pos + 1;
   threads_.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return logits;

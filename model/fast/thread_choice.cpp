@@ -52,10 +52,10 @@ void WorkSplit::reset(int team) {
   for (int t = 0; t <= team; ++t) bounds_[t] = static_cast<double>(t) / team;
 }
 
-std::pair<int64_t, int64_t> WorkSplit::share(int64_t n, int64_t unit, int tid) const {
+std::pair<int64_t, int64_t> WorkSplit::range(int64_t n, int64_t unit, double lo, double hi) {
   const int64_t units = (n + unit - 1) / unit;
-  const auto at = [&](int t) { return std::min<int64_t>(n, std::llround(bounds_[t] * static_cast<double>(units)) * unit); };
-  return {at(tid), at(tid + 1)};
+  const auto at = [&](double f) { return std::min<int64_t>(n, std::llround(f * static_cast<double>(units)) * unit); };
+  return {at(lo), at(hi)};
 }
 
 void WorkSplit::update(const double* busy) {

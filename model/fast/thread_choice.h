@@ -80,7 +80,13 @@ class WorkSplit {
 
   /// Thread `tid`'s items [begin, end) of n, in whole units of `unit` (the last unit may be short):
   /// the threads' ranges tile [0, n) in order.
-  std::pair<int64_t, int64_t> share(int64_t n, int64_t unit, int tid) const;
+  std::pair<int64_t, int64_t> share(int64_t n, int64_t unit, int tid) const {
+    return range(n, unit, bounds_[tid], bounds_[tid + 1]);
+  }
+  /// The same for an equal split of `team` threads, without a WorkSplit.
+  static std::pair<int64_t, int64_t> equal_share(int64_t n, int64_t unit, int tid, int team) {
+    return range(n, unit, static_cast<double>(tid) / team, static_cast<double>(tid + 1) / team);
+  }
 
   /// Thread t's fraction of the rows.
   double fraction(int t) const { return bounds_[t + 1] - bounds_[t]; }
@@ -89,6 +95,9 @@ class WorkSplit {
   void update(const double* busy);
 
  private:
+  /// The items [begin, end) of n, in whole units, between the cumulative fractions lo and hi.
+  static std::pair<int64_t, int64_t> range(int64_t n, int64_t unit, double lo, double hi);
+
   std::vector<double> bounds_;  // team + 1 cumulative fractions: 0, ..., 1
 };
 
