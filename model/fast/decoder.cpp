@@ -52,10 +52,25 @@ inline __attribute__((always_inline)) void finish_rows(const W* const (&w)[kRowB
 // time, while this one computes. Full-preset model (42.6 MB of fp32 weights, past the 32 MB L3),
 // 1,000 tokens on a host whose other tenants came and went: median 0.97 s against 1.30 s over 10
 // alternating runs, 1.61 s against 1.83 s over 8 more. The CPU preset's weights (3.2 MB) stay in
-// cache, where the prefetches only cost (~3%).
+// cache, where the prefetches only cost (~3%). On an Intel Xeon (family 6 model 207, AVX512-BF16,
+// 2 MB L2 a core) the same prefetches made the full-preset model 2-9x slower: 409-528 against
+// 860-1,377 tok/s in bf16, 85-173 against 767-836 in fp32, and a microbenchmark of the bf16 kernel
+// lost half its rate at every size from 1 to 256 MB (16 MB: 8.8 against 19.5 GB/s). They are issued
+// on AMD CPUs only.
+bool prefetch_pays() {
+#if NANOGPT_X86_INTRINSICS
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
 template <typename W>
-bool streamed(int64_t r0, int64_t r1, int64_t cols) {
-  return (r1 - r0) * cols * static_cast<int64_t>(sizeof(W)) >= (int64_t{1} << 18);
+bool prefetched(int64_t r0, int64_t r1, int64_t cols) {
+  return prefetch_pays() && (r1 - r0) * cols * static_cast<int64_t>(sizeof(W)) >= (int64_t{1} << 18);
 }
 template <typename W>
 inline __attribute__((always_inline)) void prefetch_two_ahead(const W* w, int64_t r, int64_t r1, int64_t cols) {
@@ -74,7 +89,7 @@ inline __attribute__((always_inline)) void matvec_rows_blocks(const W* __restric
                                                                int64_t r1, float* __restrict y, int64_t y_stride,
                                                                bool accumulate, Sums sums) {
   const int64_t full = cols - cols % Sums::kStep;
-  const bool prefetch = streamed<W>(r0, r1, cols);
+  const bool prefetch = prefetched<W>(r0, r1, cols);
   int64_t r = r0;
   for (; r + kRowBlock <= r1; r += kRowBlock) {
     const W* w0 = w + r * cols;
