@@ -19,7 +19,7 @@ void add_import_command(CLI::App& app);     // cmd_import.cpp
 int& exit_status();
 
 /// For `train` and `bench`: unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is set, sets a short OpenMP spin
-/// (GOMP_SPINCOUNT=1000) and restarts the program with it (openmp_env.cpp says why); otherwise returns.
+/// (GOMP_SPINCOUNT=10000) and restarts the program with it (openmp_env.cpp says why); otherwise returns.
 void restart_with_short_openmp_spin(int argc, char** argv);
 
 }  // namespace nanogpt::cli

@@ -10,6 +10,12 @@
 // library resets the environment after the program's own .preinit_array functions), so the program
 // sets it and starts itself again: the same process (exec keeps the pid, so torchrun and signals
 // are unaffected), about 0.2 s more start-up, paid by the long-running commands only.
+//
+// The count was 1,000 until an Intel Xeon VM (family 6 model 207) trained the CPU preset at 111
+// ms/iter with it against 37 with the default, fp32, quiet machine: there a sleeping thread halts
+// its virtual CPU, and every wake-up is a trip through the hypervisor. 10,000 ran 37.3-38.7 there
+// (the default 37.1-38.2, 3,000 45.1-47.1), and beside one busy program 146 ms/iter against 83 for
+// 1,000 and 359 for 100,000 (BENCHMARKS.md).
 #include <unistd.h>
 
 #include <cstdlib>
@@ -22,7 +28,7 @@ namespace nanogpt::cli {
 void restart_with_short_openmp_spin(int argc, char** argv) {
   if (argc < 2 || (std::strcmp(argv[1], "train") != 0 && std::strcmp(argv[1], "bench") != 0)) return;
   if (std::getenv("GOMP_SPINCOUNT") || std::getenv("OMP_WAIT_POLICY")) return;  // the user's, or already set
-  if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
+  if (setenv("GOMP_SPINCOUNT", "10000", 1) != 0) return;
   ::execv("/proc/self/exe", argv);  // returns only on failure: then go on with libgomp's default
 }
 

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "runtime/cuda_plugin.h"
+#include "runtime/peak_flops.h"
 
 namespace nanogpt::runtime {
 
@@ -104,6 +105,17 @@ std::string resolve_dtype(const std::string& dtype, torch::Device device) {
   if (dtype != "auto") return dtype;
   if (has_fast_bf16(device)) return "bfloat16";
   return device.is_cuda() ? "float16" : "float32";
+}
+
+std::string resolve_training_dtype(const std::string& dtype, torch::Device device) {
+  const std::string resolved = resolve_dtype(dtype, device);
+  if (dtype != "auto" || resolved != "bfloat16" || !device.is_cpu()) return resolved;
+  static const bool bf16_faster = [] {
+    const double fp32 = measure_gemm_flops(torch::kCPU, torch::kFloat, 512, 384, 512, 3);
+    const double bf16 = measure_gemm_flops(torch::kCPU, torch::kBFloat16, 512, 384, 512, 3);
+    return bf16 > fp32;
+  }();
+  return bf16_faster ? resolved : "float32";
 }
 
 torch::ScalarType autocast_dtype(const std::string& dtype) {

@@ -255,7 +255,7 @@ TEST(Cli, OpenMpStartsWithAShortSpinUnlessTheUserSetOne) {
   const std::string config = write_config(dir.path);
   auto r = run("train " + config + " --max_iters=1 --eval_interval=100", dir.path);
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.out.find("(OpenMP spin 1000)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(OpenMP spin 10000)"), std::string::npos) << r.out;
   // The malloc the build linked (runtime/host_memory.h): tcmalloc, or glibc's with its heap kept.
   EXPECT_NE(r.out.find(NANOGPT_WITH_TCMALLOC ? "| malloc tcmalloc |" : "| malloc glibc (heap kept) |"), std::string::npos)
       << r.out;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "runtime/device.h"
+#include "runtime/peak_flops.h"
 #include "model/fast/dropout.h"
 
 namespace {
@@ -97,4 +98,28 @@ TEST(Runtime, DtypeAutoFollowsTheCpusBf16Support) {
   EXPECT_EQ(nanogpt::runtime::resolve_dtype("auto", torch::kCPU), bf16 ? "bfloat16" : "float32");
   for (const char* explicit_dtype : {"float32", "bfloat16", "float16"})
     EXPECT_EQ(nanogpt::runtime::resolve_dtype(explicit_dtype, torch::kCPU), explicit_dtype);
+}
+
+// Training's "auto" on the CPU is bf16 only where bf16 products are faster than fp32 ones here. An
+// independent timing of a larger product than the one the choice is made on: where the two dtypes
+// differ by more than 1.5x, the choice must follow it (in between, either is right).
+TEST(Runtime, TrainingDtypeAutoTakesBf16OnlyWhereItsProductsAreFaster) {
+  using nanogpt::runtime::resolve_training_dtype;
+  for (const char* explicit_dtype : {"float32", "bfloat16", "float16"})
+    EXPECT_EQ(resolve_training_dtype(explicit_dtype, torch::kCPU), explicit_dtype);
+  const std::string chosen = resolve_training_dtype("auto", torch::kCPU);
+  if (!nanogpt::runtime::has_fast_bf16(torch::kCPU)) {
+    EXPECT_EQ(chosen, "float32");
+    return;
+  }
+  const double fp32 = nanogpt::runtime::measure_gemm_flops(torch::kCPU, torch::kFloat, 1024, 512, 1024, 3);
+  const double bf16 = nanogpt::runtime::measure_gemm_flops(torch::kCPU, torch::kBFloat16, 1024, 512, 1024, 3);
+  const std::string rates = std::to_string(fp32 / 1e9) + " against " + std::to_string(bf16 / 1e9) + " GFLOP/s";
+  if (bf16 > 1.5 * fp32) {
+    EXPECT_EQ(chosen, "bfloat16") << rates;
+  }
+  if (fp32 > 1.5 * bf16) {
+    EXPECT_EQ(chosen, "float32") << rates;
+  }
+  EXPECT_TRUE(chosen == "float32" || chosen == "bfloat16") << chosen;
 }

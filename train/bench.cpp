@@ -57,7 +57,7 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
   BenchReport r;
   r.threads = runtime::set_threads(config.num_threads);
   const auto device = runtime::resolve_device(config.device);
-  config.dtype = runtime::resolve_dtype(config.dtype, device);
+  config.dtype = runtime::resolve_training_dtype(config.dtype, device);
   r.torch_version = runtime::torch_version();
   r.device = device.str();
   r.dtype = config.dtype;

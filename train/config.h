@@ -61,7 +61,7 @@ struct TrainConfig {
   /// block 1024), with this project's RoPE and pre-norm choices.
   static model::ModelConfig default_model();
   /// The autocast dtype of `dtype`: kBFloat16, kHalf, or kFloat (no autocast). Resolve "auto" first
-  /// (runtime::resolve_dtype, once the device is known).
+  /// (runtime::resolve_training_dtype, once the device is known).
   torch::ScalarType autocast_dtype() const;
   /// Takes the architecture from a checkpoint's config (resume forces it); dropout stays this
   /// config's (a training knob, not part of the weights).

@@ -89,7 +89,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (launch_.launched && device_.is_cuda() && !device_.has_index())  // one GPU per process
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch_.local_rank));
   if (device_.is_cuda()) c10::impl::VirtualGuardImpl(device_.type()).setDevice(device_);  // NCCL's current GPU
-  config_.dtype = runtime::resolve_dtype(config_.dtype, device_);
+  config_.dtype = runtime::resolve_training_dtype(config_.dtype, device_);
   amp_dtype_ = config_.autocast_dtype();
   scaler_ = std::make_unique<GradScaler>(device_, amp_dtype_ == torch::kHalf);
 
