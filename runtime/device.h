@@ -42,10 +42,11 @@ std::string resolve_dtype(const std::string& dtype, torch::Device device);
 
 /// The training dtype for config value `dtype`: as resolve_dtype, except that on the CPU "auto"
 /// becomes bfloat16 only where LibTorch's bf16 GEMM also beats its fp32 one on this machine, timed
-/// once per process on a (512 x 384) @ (384 x 512) product (best of 3 each, ~10 ms). AVX-512 BF16
-/// without AMX is not faster everywhere: an Intel Xeon with it (family 6 model 207, no AMX) trained
-/// the CPU preset at 53 ms/iter in bf16 against 37 in fp32, while AMD's Zen 5 gains from it. Sampling
-/// keeps resolve_dtype: the decoder streams its weights, and bf16 halves the bytes on either CPU.
+/// once per process on a (512 x 384) @ (384 x 512) product (the best of 4 alternating rounds,
+/// ~20 ms). AVX-512 BF16 without AMX is not faster everywhere: an Intel Xeon with it (family 6
+/// model 207, no AMX) trained the CPU preset at 53 ms/iter in bf16 against 37 in fp32, while AMD's
+/// Zen 5 gains from it. Sampling keeps resolve_dtype: the decoder streams its weights, and bf16
+/// halves the bytes on either CPU.
 std::string resolve_training_dtype(const std::string& dtype, torch::Device device);
 
 /// The autocast dtype of a resolved dtype value: kBFloat16, kHalf, or kFloat (no autocast).

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <fstream>
 #include <mutex>
 #include <regex>
@@ -112,8 +113,11 @@ TEST(Runtime, TrainingDtypeAutoTakesBf16OnlyWhereItsProductsAreFaster) {
     EXPECT_EQ(chosen, "float32");
     return;
   }
-  const double fp32 = nanogpt::runtime::measure_gemm_flops(torch::kCPU, torch::kFloat, 1024, 512, 1024, 3);
-  const double bf16 = nanogpt::runtime::measure_gemm_flops(torch::kCPU, torch::kBFloat16, 1024, 512, 1024, 3);
+  double fp32 = 0.0, bf16 = 0.0;  // alternating rounds, the best of each (as the choice is timed)
+  for (int round = 0; round < 3; ++round) {
+    fp32 = std::max(fp32, nanogpt::runtime::measure_gemm_flops(torch::kCPU, torch::kFloat, 1024, 512, 1024, 2));
+    bf16 = std::max(bf16, nanogpt::runtime::measure_gemm_flops(torch::kCPU, torch::kBFloat16, 1024, 512, 1024, 2));
+  }
   const std::string rates = std::to_string(fp32 / 1e9) + " against " + std::to_string(bf16 / 1e9) + " GFLOP/s";
   if (bf16 > 1.5 * fp32) {
     EXPECT_EQ(chosen, "bfloat16") << rates;
