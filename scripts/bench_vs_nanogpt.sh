@@ -277,7 +277,7 @@ startup_rows+=("Python: import torch, print() | $(startup "$py" -c 'import torch
 
 echo
 echo "| Tang round | ours ms/iter | ours val @ $tang_iters | nanoGPT ms/iter | its val | nanoGPT + bf16 patch ms/iter | its val | nanoGPT's faster / ours |"
-echo "|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|"
 for r in "${tang_rows[@]}"; do echo "| $r |"; done
 echo
 echo "| sampling, start-up excluded, median of ${SAMPLE_ROUNDS:-3} rounds (range) | CPU-preset model tok/s (2000 new) | full-preset model tok/s ($full_new new; nanoGPT $full_nano_new) |"
