@@ -94,6 +94,20 @@ nano_run() {  # variant name args...
   read -r -a cmd <<<"${runner[$1]}"
   (cd "$work/nanoGPT" && "$py" "${cmd[@]}" "${@:3}" --out_dir="$work/$2" >"$work/$2.log" 2>&1)
 }
+# nanoGPT as it is and with the bf16 patch, back to back after one of our runs (ours_ms): prints
+# " | ms/iter" (and " | val" when with_val is 1) for each, then " | the faster's ms / ours".
+vs_nanogpt() {  # ours_ms log_suffix with_val nanoGPT_args...
+  local out="" best="" name ms val
+  for name in nanoGPT_fp32 nanoGPT_bf16; do
+    ms="-" val="-"
+    [[ -z ${skip[$name]} ]] && nano_run "$name" "${name}_$2" "${@:4}" &&
+      read -r ms val < <(median nanogpt "$work/${name}_$2.log" 10)
+    out+=" | $ms"
+    [[ $3 == 1 ]] && out+=" | $val"
+    [[ $ms != - && ( -z $best || $(echo "$ms < $best" | bc -l) == 1 ) ]] && best=$ms
+  done
+  echo "$out | $([[ -n $best ]] && echo "scale=2; $best / $1" | bc -l || echo -)"
+}
 rows=()
 
 echo "[bench] nanogpt-cpp, CPU preset ($cpu_iters iterations)"
@@ -135,15 +149,7 @@ for round in $(seq "${CPU_ROUNDS:-3}"); do
   echo "[bench] CPU preset, round $round"
   ours_cpu_run ours_cpu_round "${cpu_round_args[@]}"
   read -r ours_round _ < <(median ours "$work/ours_cpu_round.log" 10)
-  row="$round | $ours_round" best=""
-  for name in nanoGPT_fp32 nanoGPT_bf16; do
-    ms="-"
-    [[ -z ${skip[$name]} ]] && nano_run "$name" "${name}_round" "${cpu_nano[@]}" "${cpu_round_args[@]}" &&
-      read -r ms _ < <(median nanogpt "$work/${name}_round.log" 10)
-    row+=" | $ms"
-    [[ $ms != - && ( -z $best || $(echo "$ms < $best" | bc -l) == 1 ) ]] && best=$ms
-  done
-  cpu_round_rows+=("$row | $([[ -n $best ]] && echo "scale=2; $best / $ours_round" | bc -l || echo -)")
+  cpu_round_rows+=("$round | $ours_round$(vs_nanogpt "$ours_round" round 0 "${cpu_nano[@]}" "${cpu_round_args[@]}")")
 done
 echo
 echo "| CPU preset round ($cpu_round_iters iterations) | ours ms/iter | nanoGPT ms/iter | nanoGPT + bf16 patch ms/iter | nanoGPT's faster / ours |"
@@ -169,17 +175,9 @@ for round in $(seq "${TANG_ROUNDS:-2}"); do
     --lr_decay_iters="$tang_iters" --eval_interval="$tang_iters" --warmup_iters="$warmup" --num_threads="$threads" \
     >"$work/ours_tang.log" 2>&1 || { tail -3 "$work/ours_tang.log"; exit 1; }
   read -r ours_tang ours_tang_val < <(median ours "$work/ours_tang.log" 10)
-  # nanoGPT as it is and with the bf16 patch, as the CPU preset's rounds: where the CPU's bf16
-  # products are slower than its fp32 ones (an Intel Xeon without AMX), fp32 is nanoGPT's best.
-  row="$round | $ours_tang | $ours_tang_val" best=""
-  for name in nanoGPT_fp32 nanoGPT_bf16; do
-    ms="-" val="-"
-    [[ -z ${skip[$name]} ]] && nano_run "$name" "${name}_tang" "${tang_nano[@]}" &&
-      read -r ms val < <(median nanogpt "$work/${name}_tang.log" 10)
-    row+=" | $ms | $val"
-    [[ $ms != - && ( -z $best || $(echo "$ms < $best" | bc -l) == 1 ) ]] && best=$ms
-  done
-  tang_rows+=("$row | $([[ -n $best ]] && echo "scale=2; $best / $ours_tang" | bc -l || echo -)")
+  # As the CPU preset's rounds: where the CPU's bf16 products are slower than its fp32 ones (an
+  # Intel Xeon without AMX), nanoGPT as it is is its best.
+  tang_rows+=("$round | $ours_tang | $ours_tang_val$(vs_nanogpt "$ours_tang" tang 1 "${tang_nano[@]}")")
 done
 
 # Sampling, 2,000 new tokens each, as the goal measures (nanoGPT's sample.py recomputes the window for
