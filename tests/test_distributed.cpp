@@ -2,7 +2,8 @@
 // processes (Gloo, one thread each) with torchrun's variables, against one process doing the same
 // step's micro-batches itself. Checked: equal losses iteration by iteration; rank 0 alone writes;
 // Ctrl-C saves once and resumes exactly; a checkpoint moves between 1 and 2 processes; a killed rank
-// stops the other within the timeout with one line naming it; mismatched ranks are refused.
+// stops the other within the timeout with one line naming it; mismatched ranks are refused; a choice
+// one rank makes (dtype auto) reaches every rank.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -409,4 +410,36 @@ TEST(LaunchEnv, ReadsTorchrunsVariablesAndRefusesAPartialSet) {
   ::setenv("RANK", "one", 1);
   EXPECT_THROW(train::LaunchEnv::from_environment(), std::runtime_error);
   for (const char* n : names) ::unsetenv(n);
+}
+
+// A choice one rank makes for all (dtype auto's timed choice): every rank gets rank 0's, whatever
+// its own. Two ranks of one group as two threads of this process.
+TEST_F(Distributed, EveryRankTakesRankZerosValue) {
+  const int port = free_port();
+  std::string got[2];
+  std::string error[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        train::LaunchEnv env;
+        env.launched = true;
+        env.rank = env.local_rank = r;
+        env.world_size = env.local_world_size = 2;
+        env.master_addr = "127.0.0.1";
+        env.master_port = port;
+        train::ProcessGroup group(env, torch::kCPU, "gloo", std::chrono::seconds(30));
+        got[r] = group.value_of_rank0("dtype", r == 0 ? "float32" : "bfloat16");
+        // A second value gets keys of its own: not the first one's.
+        got[r] += " " + group.value_of_rank0("dtype", r == 0 ? "bfloat16" : "float32");
+        group.barrier("the end of the test");
+      } catch (const std::exception& e) {
+        error[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(error[0], "");
+  EXPECT_EQ(error[1], "");
+  EXPECT_EQ(got[0], "float32 bfloat16");
+  EXPECT_EQ(got[1], "float32 bfloat16");
 }

@@ -241,6 +241,20 @@ void ProcessGroup::check_same(const std::string& what, const std::string& value,
   }
 }
 
+std::string ProcessGroup::value_of_rank0(const std::string& what, const std::string& value) {
+  const std::string key = fmt::format("rank0/{}/{}", checks_++, what);
+  try {
+    if (rank_ == 0) {
+      store_->set(key, value);
+      return value;
+    }
+    const auto bytes = store_->get(key);  // waits for rank 0, up to the timeout
+    return std::string(bytes.begin(), bytes.end());
+  } catch (const std::exception& e) {
+    fail(fmt::format("the wait for rank 0's {}", what).c_str(), e.what());
+  }
+}
+
 // --- gradients ---------------------------------------------------------------------------------
 
 namespace {

@@ -74,6 +74,11 @@ class ProcessGroup {
   /// rank N has '<line>' where rank 0 has '<line>' (<hint>)" (the first line that differs).
   void check_same(const std::string& what, const std::string& value, const std::string& hint);
 
+  /// Rank 0's `value` of `what`, on every rank: a choice one rank makes for all (dtype auto's timed
+  /// choice on a CPU, which two ranks could make differently near parity). The other ranks' values
+  /// are not read.
+  std::string value_of_rank0(const std::string& what, const std::string& value);
+
  private:
   [[noreturn]] void fail(const char* during, const std::string& cause);
   std::string lost_ranks_line();  // "lost rank 1" / "lost ranks 1, 3" / why it could not tell

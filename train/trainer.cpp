@@ -89,10 +89,6 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (launch_.launched && device_.is_cuda() && !device_.has_index())  // one GPU per process
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch_.local_rank));
   if (device_.is_cuda()) c10::impl::VirtualGuardImpl(device_.type()).setDevice(device_);  // NCCL's current GPU
-  config_.dtype = runtime::resolve_training_dtype(config_.dtype, device_);
-  amp_dtype_ = config_.autocast_dtype();
-  scaler_ = std::make_unique<GradScaler>(device_, amp_dtype_ == torch::kHalf);
-
   // out_dir: create it and prove it writable before any work is done.
   std::error_code ec;
   std::filesystem::create_directories(config_.out_dir, ec);
@@ -115,6 +111,12 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     group_ = std::make_unique<ProcessGroup>(launch_, device_, config_.backend, std::chrono::seconds(config_.ddp_timeout));
     group_->check_same("config", to_yaml(config_), "start every rank with the same config file and --key=value overrides");
   }
+  // dtype auto: on a CPU a timed product decides, and two ranks could decide differently near
+  // parity: every rank takes rank 0's choice (checked above as written, "auto").
+  const std::string dtype = is_main() ? runtime::resolve_training_dtype(config_.dtype, device_) : std::string();
+  config_.dtype = group_ ? group_->value_of_rank0("dtype", dtype) : dtype;
+  amp_dtype_ = config_.autocast_dtype();
+  scaler_ = std::make_unique<GradScaler>(device_, amp_dtype_ == torch::kHalf);
   // An evaluation leaves the training record alone: config.yaml describes the run that trained.
   if (!config_.eval_only && is_main())
     io::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
