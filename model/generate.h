@@ -41,7 +41,11 @@ struct SamplingOptions {
 
 /// Probabilities after temperature, top-k and top-p, renormalised along the last dim.
 /// logits: (V,) or (B, V), any float dtype; returns fp32 of the same shape. temperature 0 = one-hot argmax.
+/// Contiguous fp32 logits on the CPU without top-p take plain loops over the rows (sampling's case);
+/// everything else takes filtered_probs_tensors.
 torch::Tensor filtered_probs(const torch::Tensor& logits, const SamplingOptions& options);
+/// The same in LibTorch's tensor operations, for any case: the reference the loops are tested against.
+torch::Tensor filtered_probs_tensors(const torch::Tensor& logits, const SamplingOptions& options);
 
 /// Draws one token from `probs` (V, fp32/64, CPU) by inverse CDF with a uniform from `rng`.
 int64_t draw_token(const torch::Tensor& probs, std::mt19937_64& rng);

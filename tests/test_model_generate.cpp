@@ -65,6 +65,33 @@ TEST(Sampling, TopKKeepsOnlyTheKMostLikelyAndRenormalises) {
   }
 }
 
+// Sampling's loops (CPU fp32 logits, no top-p) against the tensor operations, on rows with ties at
+// the k-th value and at the maximum: the same tokens kept, the same probabilities.
+TEST(Sampling, TheRowLoopsGiveTheTensorPathsProbabilities) {
+  torch::manual_seed(5);
+  auto logits = torch::randn({3, 97}) * 3.0;
+  logits[1].narrow(0, 10, 6).fill_(30.0);  // six equal largest: top-k 1 and 3 cut into the tie, and keep all six
+  logits[2][7] = 20.0;
+  logits[2][40] = 20.0;  // two maxima: greedy takes the first
+  for (double temperature : {0.0, 0.7, 1.0, 1.6})
+    for (int64_t top_k : {0, 1, 3, 12, 96, 97, 200}) {
+      SamplingOptions o;
+      o.temperature = temperature;
+      o.top_k = top_k;
+      o.top_p = 1.0;
+      const auto fast = filtered_probs(logits, o), reference = filtered_probs_tensors(logits, o);
+      ASSERT_EQ(fast.sizes(), reference.sizes());
+      EXPECT_TRUE(torch::equal(fast == 0, reference == 0)) << "temperature " << temperature << ", top_k " << top_k;
+      EXPECT_LT((fast - reference).abs().max().item<double>(), 1e-6) << "temperature " << temperature << ", top_k " << top_k;
+      EXPECT_NEAR(fast.sum(-1).min().item<double>(), 1.0, 1e-5);
+      // One row, as the sampler hands it over.
+      EXPECT_TRUE(torch::allclose(filtered_probs(logits[1], o), reference[1], 0.0, 1e-6));
+    }
+  SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  EXPECT_EQ(filtered_probs(logits, greedy)[2].argmax().item<int64_t>(), 7);
+}
+
 TEST(Sampling, TopPKeepsSmallestSetReachingP) {
   auto probs = torch::tensor({0.5, 0.05, 0.3, 0.15});
   SamplingOptions o;
