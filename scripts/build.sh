@@ -8,8 +8,9 @@ source scripts/env.sh
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 prefix=()
-if torch_cmake=$("$NANOGPT_PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
-  prefix=(-DCMAKE_PREFIX_PATH="$torch_cmake" -DNANOGPT_PYTHON="$NANOGPT_PYTHON")
+if args=$(nanogpt_torch_cmake_args); then
+  mapfile -t prefix <<<"$args"
+  torch_cmake=${prefix[0]#-DCMAKE_PREFIX_PATH=}
   # A build folder configured against another LibTorch (an older pin, Debian's 1.13) starts afresh.
   if [[ -f build/CMakeCache.txt ]] && ! grep -q "^Torch_DIR:PATH=$torch_cmake/Torch\$" build/CMakeCache.txt &&
      [[ " $* " != *CMAKE_PREFIX_PATH* ]]; then

@@ -33,9 +33,7 @@ if [[ ! -f $BUILD/CMakeCache.txt ]]; then
   # LibTorch from scripts/setup.sh's environment, as scripts/build.sh finds it (else CMAKE_PREFIX_PATH).
   source "$ROOT/scripts/env.sh"
   prefix=()
-  if torch_cmake=$("$NANOGPT_PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
-    prefix=(-DCMAKE_PREFIX_PATH="$torch_cmake")
-  fi
+  if args=$(nanogpt_torch_cmake_args); then mapfile -t prefix <<<"$args"; fi
   CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S "$ROOT" -B "$BUILD" -G Ninja -DNANOGPT_FUZZ=ON \
     -DNANOGPT_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
 fi

@@ -26,8 +26,12 @@ esac
 
 if ((do_build)); then
   start=$(date +%s)
+  # LibTorch from scripts/setup.sh's environment, as scripts/build.sh finds it (else CMAKE_PREFIX_PATH).
+  source "$ROOT/scripts/env.sh"
+  prefix=()
+  if args=$(nanogpt_torch_cmake_args); then mapfile -t prefix <<<"$args"; fi
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DNANOGPT_SANITIZE=ON -DNANOGPT_BUILD_TESTS=ON \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
   cmake --build "$BUILD" -j "$JOBS"
   echo "[sanitize] build: $(($(date +%s) - start)) s"
 fi
