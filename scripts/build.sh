@@ -7,12 +7,9 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
-prefix=()
-if args=$(nanogpt_torch_cmake_args); then
-  mapfile -t prefix <<<"$args"
-  torch_cmake=${prefix[0]#-DCMAKE_PREFIX_PATH=}
+if nanogpt_find_torch; then
   # A build folder configured against another LibTorch (an older pin, Debian's 1.13) starts afresh.
-  if [[ -f build/CMakeCache.txt ]] && ! grep -q "^Torch_DIR:PATH=$torch_cmake/Torch\$" build/CMakeCache.txt &&
+  if [[ -f build/CMakeCache.txt ]] && ! grep -q "^Torch_DIR:PATH=$NANOGPT_TORCH_CMAKE/Torch\$" build/CMakeCache.txt &&
      [[ " $* " != *CMAKE_PREFIX_PATH* ]]; then
     echo "[build] build/ was configured against another LibTorch: reconfiguring"
     rm -f build/CMakeCache.txt
@@ -22,7 +19,7 @@ elif [[ " $* " != *CMAKE_PREFIX_PATH* && ! -f build/CMakeCache.txt ]]; then
   exit 1
 fi
 if [[ ! -f build/CMakeCache.txt ]]; then
-  cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" "$@"
+  cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${NANOGPT_TORCH_ARGS[@]}" "$@"
 elif (($#)); then
   cmake -S . -B build "$@"
 fi

@@ -7,10 +7,12 @@ NANOGPT_CACHE_DIR=${NANOGPT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nanogpt-c
 NANOGPT_VENV=${NANOGPT_VENV:-$NANOGPT_CACHE_DIR/torch-$NANOGPT_TORCH_VERSION}
 NANOGPT_PYTHON=$NANOGPT_VENV/bin/python
 
-# The configure arguments that point CMake at that environment's LibTorch and Python, one per line
-# (for build.sh, sanitize.sh and fuzz.sh); prints nothing and fails when torch is not installed there.
-nanogpt_torch_cmake_args() {
-  local prefix
-  prefix=$("$NANOGPT_PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null) || return 1
-  printf '%s\n' "-DCMAKE_PREFIX_PATH=$prefix" "-DNANOGPT_PYTHON=$NANOGPT_PYTHON"
+# Finds that environment's LibTorch for CMake (build.sh, sanitize.sh, fuzz.sh): sets NANOGPT_TORCH_CMAKE
+# (torch.utils.cmake_prefix_path) and NANOGPT_TORCH_ARGS (the configure arguments naming it and the
+# Python); both empty, and a non-zero return, when torch is not installed there.
+nanogpt_find_torch() {
+  NANOGPT_TORCH_ARGS=()
+  NANOGPT_TORCH_CMAKE=$("$NANOGPT_PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null) ||
+    { NANOGPT_TORCH_CMAKE=""; return 1; }
+  NANOGPT_TORCH_ARGS=(-DCMAKE_PREFIX_PATH="$NANOGPT_TORCH_CMAKE" -DNANOGPT_PYTHON="$NANOGPT_PYTHON")
 }

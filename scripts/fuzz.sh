@@ -32,10 +32,9 @@ BUILD=${BUILD_DIR:-$ROOT/build-fuzz}
 if [[ ! -f $BUILD/CMakeCache.txt ]]; then
   # LibTorch from scripts/setup.sh's environment, as scripts/build.sh finds it (else CMAKE_PREFIX_PATH).
   source "$ROOT/scripts/env.sh"
-  prefix=()
-  if args=$(nanogpt_torch_cmake_args); then mapfile -t prefix <<<"$args"; fi
+  nanogpt_find_torch || true
   CC=${CC:-clang-14} CXX=${CXX:-clang++-14} cmake -S "$ROOT" -B "$BUILD" -G Ninja -DNANOGPT_FUZZ=ON \
-    -DNANOGPT_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
+    -DNANOGPT_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "${NANOGPT_TORCH_ARGS[@]}" >/dev/null
 fi
 cmake --build "$BUILD" --target "fuzz_$TARGET" fuzz_seeds -j "${JOBS:-2}" | grep -v '^ninja: no work to do' || true
 FUZZER=$BUILD/tests/fuzz/fuzz_$TARGET

@@ -28,10 +28,9 @@ if ((do_build)); then
   start=$(date +%s)
   # LibTorch from scripts/setup.sh's environment, as scripts/build.sh finds it (else CMAKE_PREFIX_PATH).
   source "$ROOT/scripts/env.sh"
-  prefix=()
-  if args=$(nanogpt_torch_cmake_args); then mapfile -t prefix <<<"$args"; fi
+  nanogpt_find_torch || true
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DNANOGPT_SANITIZE=ON -DNANOGPT_BUILD_TESTS=ON \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo "${prefix[@]}" >/dev/null
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo "${NANOGPT_TORCH_ARGS[@]}" >/dev/null
   cmake --build "$BUILD" -j "$JOBS"
   echo "[sanitize] build: $(($(date +%s) - start)) s"
 fi
