@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -203,6 +204,8 @@ TEST(FastMath, ExpNonpositiveMatchesFp64Within2e7Relative) {
   EXPECT_EQ(exp_nonpositive(0.0f), 1.0f);
   EXPECT_GT(exp_nonpositive(-1000.0f), 0.0f);  // clamped: tiny, never 0 or NaN
   EXPECT_LT(exp_nonpositive(-1000.0f), 1e-37f);
+  // NaN in (a non-finite logit minus the row's max) gives NaN out, so the loss shows it.
+  EXPECT_TRUE(std::isnan(exp_nonpositive(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(FastMath, GeluErfMatchesTheExactGelu) {

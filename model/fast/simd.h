@@ -65,7 +65,9 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
+  // 2^n, n in [-126, 0]. A NaN x (non-finite logits) passes the clamp and stays NaN in p; its n
+  // becomes 0 here so the integer conversion and the shift stay defined (UBSan found the shift).
+  const int32_t bits = (static_cast<int32_t>(n == n ? n : 0.0f) + 127) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
   return p * two_n;
