@@ -40,7 +40,7 @@ cmake --build "$BUILD" --target "fuzz_$TARGET" fuzz_seeds -j "${JOBS:-2}" | grep
 FUZZER=$BUILD/tests/fuzz/fuzz_$TARGET
 
 # Sanitizer settings: abort on the first report (libFuzzer saves the input), symbolized traces.
-# Leak checking stays on, minus one LibTorch leak (see tests/sanitizers/lsan.supp).
+# Leak checking stays on, minus the library leaks in tests/sanitizers/lsan.supp (each with its reason).
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:symbolize=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$ROOT/tests/sanitizers/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -48,9 +48,12 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 CORPUS=$BUILD/corpus/$TARGET
 FINDINGS=$BUILD/findings/$TARGET
 LOGS=$BUILD/fuzz_logs
-mkdir -p "$CORPUS" "$FINDINGS" "$LOGS" "$BUILD/seeds"
-"$BUILD/tests/fuzz/fuzz_seeds" "$BUILD/seeds"
-cp -n "$BUILD/seeds/$TARGET"/* "$CORPUS"/ 2>/dev/null || true
+# Each run writes the seeds in a folder of its own: two targets fuzzed at once (one per core) must
+# not share fuzz_seeds' scratch files.
+SEEDS=$BUILD/seeds/$TARGET.run
+mkdir -p "$CORPUS" "$FINDINGS" "$LOGS" "$SEEDS"
+"$BUILD/tests/fuzz/fuzz_seeds" "$SEEDS"
+cp -n "$SEEDS/$TARGET"/* "$CORPUS"/ 2>/dev/null || true
 if [[ -d $ROOT/tests/fuzz/seeds/$TARGET ]]; then cp -n "$ROOT/tests/fuzz/seeds/$TARGET"/* "$CORPUS"/ 2>/dev/null || true; fi
 if [[ $TARGET == config ]]; then
   for f in "$ROOT"/configs/*.yaml; do cp -n "$f" "$CORPUS/seed_$(basename "$f")"; done

@@ -308,8 +308,11 @@ TEST(NanoGPTBridge, RefusesSubwordVocabulariesAndPicklesThatWouldRunCode) {
       {"meta_evil.pkl", "is not a plain-data pickle: it refers to io.open"}};
   for (const auto& [meta, needle] : cases) {
     SCOPED_TRACE(meta);
-    expect_refusal(error_of([&] { train::import_nanogpt(dir / "ckpt.pt", dir / meta, dir / "out", bridge()); }), "[import]",
-                   needle);
+    // meta is copied in: C++17 lets a lambda capture a structured binding only this way (clang).
+    const auto import = [&, meta = meta] {
+      train::import_nanogpt(dir / "ckpt.pt", dir / meta, dir / "out", bridge());
+    };
+    expect_refusal(error_of(import), "[import]", needle);
     expect_nothing_written(dir, "out");
   }
   EXPECT_FALSE(fs::exists(dir / "evil_ran")) << "unpickling meta_evil.pkl ran its code";

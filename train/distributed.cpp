@@ -94,7 +94,7 @@ LaunchEnv LaunchEnv::from_environment() {
 
 ProcessGroup::ProcessGroup(const LaunchEnv& env, torch::Device device, const std::string& backend,
                            std::chrono::seconds timeout)
-    : rank_(env.rank), world_size_(env.world_size), timeout_(timeout) {
+    : rank_(env.rank), world_size_(env.world_size) {
   endpoint_ = fmt::format("{}:{}", env.master_addr, env.master_port);
   const auto timeout_ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout);
   try {

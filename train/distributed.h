@@ -86,7 +86,6 @@ class ProcessGroup {
 
   int64_t rank_ = 0, world_size_ = 1;
   std::string endpoint_;  // MASTER_ADDR:MASTER_PORT
-  std::chrono::seconds timeout_;
   const char* backend_name_ = "gloo";
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;

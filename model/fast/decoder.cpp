@@ -582,7 +582,9 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
       l.qkv_w.rows(xn, C, B, C, q0, q1, qkv, qkv_width_, false);
       add_bias(l.qkv_b, B, q0, q1, qkv, qkv_width_);
       barrier();
-      const auto attend = [&](auto* kc, auto* vc) {  // the caches as their dtype's bits
+      // The caches as their dtype's bits. g0 and g1 are copied in: C++17 lets a lambda capture a
+      // structured binding only this way (g++ accepts a plain capture, clang rejects it).
+      const auto attend = [&, g0 = g0, g1 = g1](auto* kc, auto* vc) {
         decode_attention_groups(qkv, kc, vc, att, block, hs_, pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1,
                                 scratch);
       };

@@ -165,7 +165,7 @@ std::string recipe_checkpoint(FuzzedDataProvider& fdp) {
   put(fdp, meta, "vocab", vocab_blob);
 
   const model::ModelConfig m = pick_model_config(fdp, vocab_size);
-  Json config = Json::parse(train::model_config_to_json(m));
+  Json config = model::to_json(m);
   for (auto& [key, value] : config.items()) value = pick_value(fdp, value);
   for (auto it = config.begin(); it != config.end();) it = it->is_null() ? config.erase(it) : std::next(it);
   put(fdp, meta, "model_config", config.dump(-1, ' ', false, Json::error_handler_t::replace));
