@@ -2,12 +2,14 @@
 // (GPT::forward_cached): the same logits and the same cache across the architecture's switches,
 // batches of 1 and 3, past block_size with RoPE; the same tokens from generate and beam search
 // either way; under CPU bf16 autocast, as close to the fp32 model as the general path under
-// autocast; bad input rejected. And the matrix-vector product on its own, in fp32 and bf16.
+// autocast; with int8 matrices, within a few percent; bad input rejected. And the matrix-vector
+// product on its own, in fp32, bf16 and int8.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -245,6 +247,113 @@ TEST(MatvecRows, ProductsAreExactAndSumsFp32InEitherDtype) {
             EXPECT_GT(((unrounded - want).abs() - 1e-6 * magnitude).max().item<double>(), 0.0) << what;
           }
         }
+}
+
+// Int8 weights, as dynamic quantization: each row of w within half its scale of the original and
+// its largest weight at ±127; the product against the same arithmetic in fp64 through LibTorch
+// (x quantized by its own max |x| / 127, the integer products summed, both scales applied) to fp32's
+// rounding of the result; a row of x holding NaN gives NaN. ctest runs it on each kernel the CPU has
+// (NANOGPT_KERNELS): the VNNI dot products and the portable loops give the same bits.
+TEST(MatvecRows, Int8IsDynamicQuantizationSummedExactly) {
+  torch::manual_seed(6);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {5, 33}, {13, 64}, {37, 100}, {64, 384}, {9, 1536}})
+    for (int64_t B : {1, 3})
+      for (bool accumulate : {false, true}) {
+        const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + ", B " + std::to_string(B) +
+                                 (accumulate ? ", accumulating" : "");
+        const int64_t x_stride = cols + 3, y_stride = rows + 2;
+        const int64_t r0 = rows > 2 ? 1 : 0, r1 = rows > 2 ? rows - 1 : rows;
+        auto w = torch::randn({rows, cols});
+        if (rows > 2) w[2].zero_();  // a row of zeros: scale 1, every byte 128
+        auto q = torch::empty({rows, cols}, torch::kByte);
+        auto scale = torch::empty({rows});
+        quantize_rows_int8(w.data_ptr<float>(), rows, cols, q.data_ptr<uint8_t>(), scale.data_ptr<float>());
+        auto centred = q.to(torch::kDouble) - 128;  // (rows, cols): the integers
+        auto dequantized = centred * scale.to(torch::kDouble).unsqueeze(1);
+        EXPECT_LE(((dequantized - w.to(torch::kDouble)).abs() - scale.to(torch::kDouble).unsqueeze(1) * 0.5001)
+                      .max()
+                      .item<double>(),
+                  0.0)
+            << what;
+        auto row_max = centred.abs().amax(1);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (rows > 2 && r == 2) {
+            EXPECT_EQ(scale[r].item<float>(), 1.0f) << what;
+            EXPECT_EQ(row_max[r].item<double>(), 0.0) << what;
+          } else {
+            EXPECT_EQ(row_max[r].item<double>(), 127.0) << what << ", row " << r;
+          }
+        }
+
+        auto x = torch::randn({B, x_stride});  // the first cols of each row are x
+        auto y = torch::randn({B, y_stride});
+        auto y0 = y.clone();
+        matvec_rows(Int8Rows{q.data_ptr<uint8_t>(), scale.data_ptr<float>()}, x.data_ptr<float>(), x_stride, B, cols,
+                    r0, r1, y.data_ptr<float>(), y_stride, accumulate);
+        auto xs = x.narrow(1, 0, cols);                       // (B, cols)
+        auto x_scale = xs.abs().amax(1, true) / 127;          // (B, 1) fp32, as the kernel computes it
+        auto xq = (xs / x_scale).round().to(torch::kDouble);  // round half to even, as nearbyint
+        auto before = accumulate ? y0.narrow(1, r0, r1 - r0).to(torch::kDouble)
+                                 : torch::zeros({B, r1 - r0}, torch::kDouble);
+        auto sums = xq.mm(centred.narrow(0, r0, r1 - r0).t());  // (B, r1 - r0) exact integers
+        auto products = sums * x_scale.to(torch::kDouble) * scale.narrow(0, r0, r1 - r0).to(torch::kDouble);
+        auto want = before + products;
+        auto magnitude = before.abs() + products.abs() + 1e-30;
+        auto got = y.narrow(1, r0, r1 - r0).to(torch::kDouble);
+        EXPECT_LE(((got - want).abs() - 1e-6 * magnitude).max().item<double>(), 0.0) << what;
+        EXPECT_TRUE(y.narrow(1, 0, r0).equal(y0.narrow(1, 0, r0))) << what;
+        EXPECT_TRUE(y.narrow(1, r1, y_stride - r1).equal(y0.narrow(1, r1, y_stride - r1))) << what;
+        if (cols >= 33) {  // the test can tell: x not quantized lands outside the tolerance
+          auto unquantized = before + xs.to(torch::kDouble).mm(dequantized.narrow(0, r0, r1 - r0).t());
+          EXPECT_GT(((unquantized - want).abs() - 1e-6 * magnitude).max().item<double>(), 0.0) << what;
+        }
+        x[B - 1][0] = std::numeric_limits<float>::quiet_NaN();  // a non-finite input is not hidden
+        matvec_rows(Int8Rows{q.data_ptr<uint8_t>(), scale.data_ptr<float>()}, x.data_ptr<float>(), x_stride, B, cols,
+                    r0, r1, y.data_ptr<float>(), y_stride, false);
+        EXPECT_TRUE(torch::isnan(y[B - 1].narrow(0, r0, r1 - r0)).all().item<bool>()) << what;
+      }
+}
+
+// The decoder with int8 matrices against the fp32 model, every switch, with an fp32 and a bf16
+// cache: the logits differ (the quantization is real) by a few percent of their spread. These
+// random models' weights are Gaussian, the worst case for a row's scale; on a trained model the
+// loss moves by 0.0003 (BENCHMARKS.md).
+TEST(Decoder, Int8LogitsStayCloseToTheFp32Model) {
+  c10::InferenceMode inference;
+  for (bool autocast_on : {false, true})
+    for (const auto& [name, tweak] : variants()) {
+      const std::string what = name + (autocast_on ? ", bf16 cache" : ", fp32 cache");
+      ModelConfig c = tiny_config();
+      tweak(c);
+      GPT model = perturbed_model(c);
+      std::unique_ptr<Decoder> decoder;
+      {
+        nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, autocast_on);
+        decoder = std::make_unique<Decoder>(*model, /*int8=*/true);
+      }
+      ASSERT_TRUE(decoder->int8_weights()) << what;
+      ASSERT_FALSE(decoder->bf16_weights()) << what;
+      const int64_t B = 2, prompt = 3, steps = c.pos_encoding == "rope" ? 2 * c.block_size : c.block_size - prompt;
+      torch::manual_seed(12);
+      auto tokens = torch::randint(c.vocab_size, {B, prompt + steps}, torch::kLong);
+      KVCache exact = model->make_cache(), fast = model->make_cache();
+      model->forward_cached(tokens.narrow(1, 0, prompt), exact);
+      model->forward_cached(tokens.narrow(1, 0, prompt), fast);
+      double error = 0.0, spread = 0.0;  // sums of squares
+      for (int64_t s = 0; s < steps; ++s) {
+        auto next = tokens.select(1, prompt + s);
+        auto want = model->forward_cached(next.unsqueeze(1), exact).to(torch::kDouble);  // (B, V)
+        at::set_num_threads(2);
+        auto got = decoder->step(next, fast).to(torch::kDouble);
+        at::set_num_threads(1);
+        error += (got - want).square().sum().item<double>();
+        spread += (want - want.mean(1, true)).square().sum().item<double>();
+      }
+      const double relative = std::sqrt(error / spread);
+      EXPECT_GT(relative, 1e-4) << what << ": int8 changes the logits";
+      // Measured: 0.013-0.032 over the variants, 0.062-0.065 for "wide" (128 columns a row).
+      EXPECT_LE(relative, 0.1) << what << ": root mean square error over the logits' spread";
+    }
 }
 
 TEST(Decoder, GenerateAndBeamSearchGiveTheSameTokensEitherWay) {

@@ -12,6 +12,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -110,24 +111,32 @@ inline __attribute__((always_inline)) void matvec_rows_blocks(const W* __restric
   }
 }
 
+// One element as the lane sums' type: fp32 (bf16 widened exactly by load_float) or int32 (a byte
+// of the int8 products).
+template <typename Acc, typename T>
+inline __attribute__((always_inline)) Acc widen(T v) {
+  if constexpr (std::is_same_v<Acc, float>) return load_float(v);
+  else return static_cast<Acc>(v);
+}
+
 // The lane sums in plain C++: independent lanes (as dot()) that GCC vectorises at whatever width
-// the target_clones variant has.
+// the target_clones variant has; in fp32, or in int32 for the int8 products (exact).
 struct LaneSums {
   static constexpr int64_t kStep = kLanes;
-  template <typename W, typename X>
+  template <typename W, typename X, typename Acc>
   inline __attribute__((always_inline)) void operator()(const W* const (&w)[kRowBlock], const X* __restrict xb,
-                                                        int64_t full, float (&s)[kRowBlock]) const {
-    float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
+                                                        int64_t full, Acc (&s)[kRowBlock]) const {
+    Acc a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
     const W *__restrict w0 = w[0], *__restrict w1 = w[1], *__restrict w2 = w[2], *__restrict w3 = w[3];
     for (int64_t i = 0; i < full; i += kLanes)
       for (int64_t j = 0; j < kLanes; ++j) {
-        const float xv = load_float(xb[i + j]);
-        a0[j] += load_float(w0[i + j]) * xv;
-        a1[j] += load_float(w1[i + j]) * xv;
-        a2[j] += load_float(w2[i + j]) * xv;
-        a3[j] += load_float(w3[i + j]) * xv;
+        const Acc xv = widen<Acc>(xb[i + j]);
+        a0[j] += widen<Acc>(w0[i + j]) * xv;
+        a1[j] += widen<Acc>(w1[i + j]) * xv;
+        a2[j] += widen<Acc>(w2[i + j]) * xv;
+        a3[j] += widen<Acc>(w3[i + j]) * xv;
       }
-    for (int64_t k = 0; k < kRowBlock; ++k) s[k] = 0.0f;
+    for (int64_t k = 0; k < kRowBlock; ++k) s[k] = Acc{0};
     for (int64_t j = 0; j < kLanes; ++j) {
       s[0] += a0[j];
       s[1] += a1[j];
@@ -253,24 +262,33 @@ void matvec_rows_avx512_bf16(const uint16_t* __restrict w, const uint16_t* __res
 // Which kernels run: the widest the CPU has (AVX512-BF16 dot products, AVX-512, else portable
 // code), or as the environment variable NANOGPT_KERNELS caps it: "avx512f" (no bf16 dot products)
 // or "portable" (the tests run each so on a CPU that has everything).
+// The int8 products' dot products (VPDPBUSD) come with AVX512-VNNI, a feature of their own (Ice
+// Lake has it without AVX512-BF16); both caps turn them off.
 enum class Kernels { portable, avx512f, avx512_bf16 };
-Kernels kernels() {
-  static const Kernels chosen = [] {
+struct KernelChoice {
+  Kernels kernels = Kernels::portable;
+  bool vnni = false;  // AVX512-VNNI for the int8 products
+};
+const KernelChoice& kernel_choice() {
+  static const KernelChoice chosen = [] {
+    KernelChoice c;
 #if NANOGPT_X86_INTRINSICS
     const char* env = std::getenv("NANOGPT_KERNELS");
     const std::string cap = env ? env : "";
     if (!cap.empty() && cap != "avx512f" && cap != "portable")
       fmt::print(stderr, "[model] warning: NANOGPT_KERNELS={} is not a kernel set (avx512f or portable): ignored\n", cap);
     __builtin_cpu_init();
-    if (cap == "portable" || !__builtin_cpu_supports("avx512f")) return Kernels::portable;
-    if (cap == "avx512f" || !__builtin_cpu_supports("avx512bf16")) return Kernels::avx512f;
-    return Kernels::avx512_bf16;
-#else
-    return Kernels::portable;
+    if (cap == "portable" || !__builtin_cpu_supports("avx512f")) return c;
+    c.kernels = Kernels::avx512f;
+    if (cap == "avx512f") return c;
+    if (__builtin_cpu_supports("avx512bf16")) c.kernels = Kernels::avx512_bf16;
+    c.vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
 #endif
+    return c;
   }();
   return chosen;
 }
+Kernels kernels() { return kernel_choice().kernels; }
 
 template <typename W, typename X>
 void matvec_rows_any(const W* __restrict w, const X* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
@@ -307,6 +325,157 @@ void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_
     return matvec_rows_avx512_bf16(w, rounded.data(), cols, B, cols, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_rows_any(w, rounded.data(), cols, B, cols, r0, r1, y, y_stride, accumulate);
+}
+
+namespace {
+
+// Rows r0 <= r < r1 of the int8 product for each of B rows of xq (int8, `cols` apart), four rows at a
+// time as matvec_rows_blocks: sums(w4, xb, full, s) sets s[k] to the integer dot product of the
+// stored bytes w4[k] (q + 128) and xb over the first `full` columns; the rest are added here. Then
+// Σ (q + 128) x_q - 128 Σ x_q = Σ q x_q, scaled. The sums are exact in int32 while
+// 255 * 127 * cols < 2^31 (cols < 66,000); integer sums do not depend on their order, so every
+// kernel gives the same bits.
+template <typename Sums>
+inline __attribute__((always_inline)) void matvec_rows_int8_blocks(const Int8Rows& w, const int8_t* __restrict xq,
+                                                                    const float* xs, const int32_t* xsum, int64_t B,
+                                                                    int64_t cols, int64_t r0, int64_t r1,
+                                                                    float* __restrict y, int64_t y_stride,
+                                                                    bool accumulate, Sums sums) {
+  const int64_t full = cols - cols % Sums::kStep;
+  const auto store = [&](int64_t b, int64_t r, int32_t dot) {
+    const float v = w.scale[r] * xs[b] * static_cast<float>(dot - 128 * xsum[b]);
+    float& out = y[b * y_stride + r];
+    out = accumulate ? out + v : v;
+  };
+  int64_t r = r0;
+  for (; r + kRowBlock <= r1; r += kRowBlock) {
+    const uint8_t* w0 = w.q + r * cols;
+    const uint8_t* const rows[kRowBlock] = {w0, w0 + cols, w0 + 2 * cols, w0 + 3 * cols};
+    for (int64_t b = 0; b < B; ++b) {
+      const int8_t* xb = xq + b * cols;
+      int32_t s[kRowBlock];
+      sums(rows, xb, full, s);
+      for (int64_t k = 0; k < kRowBlock; ++k) {
+        for (int64_t i = full; i < cols; ++i) s[k] += int32_t{rows[k][i]} * int32_t{xb[i]};
+        store(b, r + k, s[k]);
+      }
+    }
+  }
+  for (; r < r1; ++r)  // the last rows, fewer than a block
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t s = 0;
+      for (int64_t i = 0; i < cols; ++i) s += int32_t{w.q[r * cols + i]} * int32_t{xq[b * cols + i]};
+      store(b, r, s);
+    }
+}
+
+NANOGPT_SIMD_CLONES
+void matvec_rows_int8_portable(const Int8Rows& w, const int8_t* __restrict xq, const float* xs, const int32_t* xsum,
+                               int64_t B, int64_t cols, int64_t r0, int64_t r1, float* __restrict y,
+                               int64_t y_stride, bool accumulate) {
+  matvec_rows_int8_blocks(w, xq, xs, xsum, B, cols, r0, r1, y, y_stride, accumulate, LaneSums{});
+}
+
+#if NANOGPT_X86_INTRINSICS
+// VPDPBUSD: 64 byte pairs of a row a step, each lane adding four products of an unsigned weight
+// byte and a signed x byte into int32 (no saturation). Then the four rows' lanes summed by the
+// same transpose-and-add tree as sum_lanes, in integers. Full-preset model's 24 matrices, 2
+// threads, a barrier after each (/tmp microbenchmark, 4 runs): 240-247 us a token against 562-656
+// for the bf16 dot products on the same rows: half the bytes, and four products an instruction
+// where converting int8 to fp32 for FMAs (559-701 us) ran out of arithmetic.
+struct Avx512VnniSums {
+  static constexpr int64_t kStep = 64;
+  __attribute__((target("avx512f,avx512bw,avx512vnni"))) void operator()(const uint8_t* const (&w)[kRowBlock],
+                                                                         const int8_t* __restrict xb, int64_t full,
+                                                                         int32_t (&s)[kRowBlock]) const {
+    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512(), a2 = _mm512_setzero_si512(),
+            a3 = _mm512_setzero_si512();
+    for (int64_t i = 0; i < full; i += kStep) {
+      const __m512i xv = _mm512_loadu_si512(xb + i);
+      a0 = _mm512_dpbusd_epi32(a0, _mm512_loadu_si512(w[0] + i), xv);
+      a1 = _mm512_dpbusd_epi32(a1, _mm512_loadu_si512(w[1] + i), xv);
+      a2 = _mm512_dpbusd_epi32(a2, _mm512_loadu_si512(w[2] + i), xv);
+      a3 = _mm512_dpbusd_epi32(a3, _mm512_loadu_si512(w[3] + i), xv);
+    }
+    constexpr __mmask16 all = 0xFFFF;  // the masked forms, as sum_lanes (GCC's bug 105593)
+    const __m512i u01 = _mm512_add_epi32(_mm512_maskz_shuffle_i32x4(all, a0, a1, 0x44),
+                                         _mm512_maskz_shuffle_i32x4(all, a0, a1, 0xEE));
+    const __m512i u23 = _mm512_add_epi32(_mm512_maskz_shuffle_i32x4(all, a2, a3, 0x44),
+                                         _mm512_maskz_shuffle_i32x4(all, a2, a3, 0xEE));
+    const __m512i v = _mm512_add_epi32(_mm512_maskz_shuffle_i32x4(all, u01, u23, 0x88),
+                                       _mm512_maskz_shuffle_i32x4(all, u01, u23, 0xDD));
+    const __m512i t = _mm512_add_epi32(v, _mm512_maskz_shuffle_epi32(all, v, static_cast<_MM_PERM_ENUM>(0x4E)));
+    const __m512i u = _mm512_add_epi32(t, _mm512_maskz_shuffle_epi32(all, t, static_cast<_MM_PERM_ENUM>(0xB1)));
+    alignas(64) int32_t lanes[kLanes];
+    _mm512_store_si512(lanes, u);
+    for (int64_t k = 0; k < kRowBlock; ++k) s[k] = lanes[4 * k];
+  }
+};
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"), flatten))
+void matvec_rows_int8_vnni(const Int8Rows& w, const int8_t* __restrict xq, const float* xs, const int32_t* xsum,
+                           int64_t B, int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
+                           bool accumulate) {
+  matvec_rows_int8_blocks(w, xq, xs, xsum, B, cols, r0, r1, y, y_stride, accumulate, Avx512VnniSums{});
+}
+#endif
+
+// x (cols) -> xq = nearbyint(x / s), s = max|x| / 127 (1 for zeros); returns s, and Σ xq in *sum.
+// NaN or inf in x: s is NaN (so are the products' outputs) and xq zeros. Each thread quantizes each
+// product's input itself, so these loops run 24 times a token per thread on the full-preset model:
+// as scalar code (nearbyintf through the PLT, no vector max) they took 13% of a token's time.
+NANOGPT_SIMD_CLONES
+float quantize_row_int8(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
+  float amax = 0.0f, nonfinite = 0.0f;  // nonfinite: x - x summed, NaN once any x is NaN or inf
+#pragma omp simd reduction(max : amax) reduction(+ : nonfinite)
+  for (int64_t i = 0; i < cols; ++i) {
+    amax = std::max(amax, std::fabs(x[i]));
+    nonfinite += x[i] - x[i];
+  }
+  int32_t total = 0;
+  if (nonfinite != 0.0f) {  // NaN compares unequal
+    std::fill(xq, xq + cols, int8_t{0});
+    *sum = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < cols; ++i) {
+    const float v = std::nearbyint(x[i] / s);
+    xq[i] = static_cast<int8_t>(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+    total += xq[i];
+  }
+  *sum = total;
+  return s;
+}
+
+}  // namespace
+
+void quantize_rows_int8(const float* w, int64_t rows, int64_t cols, uint8_t* q, float* scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* wr = w + r * cols;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(wr[i]));
+    scale[r] = amax > 0.0f ? amax / 127.0f : 1.0f;
+    for (int64_t i = 0; i < cols; ++i)
+      q[r * cols + i] = static_cast<uint8_t>(std::clamp(std::nearbyint(wr[i] / scale[r]), -127.0f, 127.0f) + 128.0f);
+  }
+}
+
+void matvec_rows(const Int8Rows& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                 int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+  thread_local std::vector<int8_t> xq;  // each thread quantizes x itself: no barrier for it
+  thread_local std::vector<float> xs;
+  thread_local std::vector<int32_t> xsum;
+  xq.resize(B * cols);
+  xs.resize(B);
+  xsum.resize(B);
+  for (int64_t b = 0; b < B; ++b) xs[b] = quantize_row_int8(x + b * x_stride, cols, xq.data() + b * cols, &xsum[b]);
+#if NANOGPT_X86_INTRINSICS
+  if (kernel_choice().vnni)
+    return matvec_rows_int8_vnni(w, xq.data(), xs.data(), xsum.data(), B, cols, r0, r1, y, y_stride, accumulate);
+#endif
+  matvec_rows_int8_portable(w, xq.data(), xs.data(), xsum.data(), B, cols, r0, r1, y, y_stride, accumulate);
 }
 
 namespace {
@@ -354,7 +523,7 @@ bool decoder_supports(const GPTImpl& model) {
   return true;
 }
 
-Decoder::Decoder(GPTImpl& model)
+Decoder::Decoder(GPTImpl& model, bool int8)
     : config_(model.config()),
       C_(config_.n_embd),
       hs_(config_.head_size()),
@@ -366,7 +535,8 @@ Decoder::Decoder(GPTImpl& model)
       activation_(config_.mlp == "swiglu" ? Activation::swiglu
                    : config_.mlp == "relu2" ? Activation::relu2
                                             : Activation::gelu),
-      bf16_(at::autocast::is_autocast_enabled(at::kCPU)) {
+      bf16_(at::autocast::is_autocast_enabled(at::kCPU)),
+      int8_(int8) {
   if (!decoder_supports(model))
     throw std::invalid_argument(
         "[model] the hand-written decoder needs an fp32 model on the CPU in eval mode, without autograd, and CPU "
@@ -374,8 +544,9 @@ Decoder::Decoder(GPTImpl& model)
   torch::NoGradGuard no_grad;
   lay_out(model);  // measures
   packed_ = torch::empty({packed_size_}, torch::kFloat);
-  if (bf16_) packed_bf16_ = torch::empty({packed_bf16_size_}, torch::kBFloat16);
-  packed_size_ = packed_bf16_size_ = 0;
+  if (packed_bf16_size_ > 0) packed_bf16_ = torch::empty({packed_bf16_size_}, torch::kBFloat16);
+  if (packed_int8_size_ > 0) packed_int8_ = torch::empty({packed_int8_size_}, torch::kByte);
+  packed_size_ = packed_bf16_size_ = packed_int8_size_ = 0;
   lay_out(model);  // copies
   if (config_.pos_encoding == "sinusoidal") sinusoid_ = sinusoidal_table(config_.block_size, C_);
   if (config_.pos_encoding == "rope") rope_ = std::make_unique<Rope>(config_.block_size, hs_, config_.rope_base);
@@ -403,23 +574,51 @@ const float* Decoder::pack(const torch::Tensor& t) {
 }
 
 Decoder::Matrix Decoder::pack_matrix(const torch::Tensor& t) {
-  if (!bf16_) return {pack(t), nullptr};
-  return {nullptr, static_cast<const uint16_t*>(place(packed_bf16_, packed_bf16_size_, t, torch::kBFloat16))};
+  if (int8_) {
+    if (!t.defined()) return {};
+    if (!packed_int8_.defined()) {  // measuring: the bytes, and a scale a row
+      place(packed_int8_, packed_int8_size_, t, torch::kByte);
+      place(packed_, packed_size_, t.select(1, 0), torch::kFloat);
+      return {};
+    }
+    const auto w = t.detach().to(torch::kFloat).contiguous();
+    auto q = torch::empty(w.sizes(), torch::kByte);
+    auto scale = torch::empty({w.size(0)}, torch::kFloat);
+    quantize_rows_int8(w.data_ptr<float>(), w.size(0), w.size(1), q.data_ptr<uint8_t>(), scale.data_ptr<float>());
+    Matrix m;
+    m.int8.q = static_cast<const uint8_t*>(place(packed_int8_, packed_int8_size_, q, torch::kByte));
+    m.int8.scale = static_cast<const float*>(place(packed_, packed_size_, scale, torch::kFloat));
+    return m;
+  }
+  if (!bf16_) return {pack(t), nullptr, {}};
+  return {nullptr, static_cast<const uint16_t*>(place(packed_bf16_, packed_bf16_size_, t, torch::kBFloat16)), {}};
+}
+
+Decoder::Matrix Decoder::Matrix::from_row(int64_t r, int64_t cols) const {
+  Matrix m;
+  if (f32) m.f32 = f32 + r * cols;
+  if (bf16) m.bf16 = bf16 + r * cols;
+  if (int8.q) m.int8 = {int8.q + r * cols, int8.scale + r};
+  return m;
 }
 
 void Decoder::Matrix::row(int64_t r, int64_t cols, float* out) const {
-  if (f32) std::copy(f32 + r * cols, f32 + (r + 1) * cols, out);
-  else for (int64_t i = 0; i < cols; ++i) out[i] = load_float(bf16[r * cols + i]);
+  std::fill(out, out + cols, 0.0f);
+  add_row(r, cols, out);
 }
 
 void Decoder::Matrix::add_row(int64_t r, int64_t cols, float* out) const {
   if (f32) for (int64_t i = 0; i < cols; ++i) out[i] += f32[r * cols + i];
-  else for (int64_t i = 0; i < cols; ++i) out[i] += load_float(bf16[r * cols + i]);
+  else if (bf16) for (int64_t i = 0; i < cols; ++i) out[i] += load_float(bf16[r * cols + i]);
+  else
+    for (int64_t i = 0; i < cols; ++i)
+      out[i] += int8.scale[r] * static_cast<float>(int32_t{int8.q[r * cols + i]} - 128);
 }
 
 void Decoder::Matrix::rows(const float* x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1,
                            float* y, int64_t y_stride, bool accumulate) const {
-  if (bf16) matvec_rows(bf16, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+  if (int8.q) matvec_rows(int8, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+  else if (bf16) matvec_rows(bf16, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
   else matvec_rows(f32, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
 }
 
@@ -530,7 +729,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   for (int64_t b = 0; b < B; ++b) {
     wte_.row(id[b], C, x + b * C);
     if (wpe_) wpe_.add_row(pos, C, x + b * C);
-    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr}.add_row(pos, C, x + b * C);
+    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr, {}}.add_row(pos, C, x + b * C);
   }
   const float* cos2 = rope_ ? rope_->cos2_row(pos) : nullptr;
   const float* sin2 = rope_ ? rope_->sin2_row(pos) : nullptr;
@@ -597,7 +796,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
       // x + mlp(ln_2(x)); the activation on each thread's own rows, right after it computed them.
       for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_2_w, l.ln_2_b, xn + b * C);
       l.fc_w.rows(xn, C, B, C, h0, h1, hid, fc_out_, false);
-      if (gated) l.fc_w.offset(H * C).rows(xn, C, B, C, h0, h1, hid + H, fc_out_, false);  // the up half
+      if (gated) l.fc_w.from_row(H, C).rows(xn, C, B, C, h0, h1, hid + H, fc_out_, false);  // the up half
       add_bias(l.fc_b, B, h0, h1, hid, fc_out_);
       if (gated) add_bias(l.fc_b ? l.fc_b + H : nullptr, B, h0, h1, hid + H, fc_out_);
       for (int64_t b = 0; b < B; ++b) {

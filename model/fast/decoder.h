@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/fast/dot.h"
 #include "model/fast/thread_choice.h"
 #include "model/gpt.h"
 #include "model/kv_cache.h"
@@ -40,10 +41,19 @@ class Decoder {
   /// general path under autocast to bf16's precision. The KV cache is then bf16 as well, as
   /// autocast's (half the bytes again for attention). Throws std::invalid_argument ("[model] ...")
   /// when !decoder_supports(model).
-  explicit Decoder(GPTImpl& model);
+  ///
+  /// `int8`: every weight matrix is instead quantized to int8 row by row and each product's input
+  /// to int8 as well, as PyTorch's dynamic quantization of Linear layers (dot.h: Int8Rows): a
+  /// quarter of fp32's bytes, and products that AVX512-VNNI multiplies four pairs at a time. The
+  /// logits then differ from the model's by the quantization's error (a few percent of their
+  /// spread; BENCHMARKS.md measures what it costs a trained model's loss). The KV cache is as
+  /// without it (bf16 under autocast, else fp32).
+  explicit Decoder(GPTImpl& model, bool int8 = false);
 
-  /// Whether the matrices are packed in bf16 (built under CPU bf16 autocast).
-  bool bf16_weights() const { return bf16_; }
+  /// Whether the matrices are packed in bf16 (built under CPU bf16 autocast, without int8).
+  bool bf16_weights() const { return bf16_ && !int8_; }
+  /// Whether the matrices are quantized to int8.
+  bool int8_weights() const { return int8_; }
 
   /// tokens (B,) int64 on the CPU: one new token per sequence, at position cache.length(). Appends
   /// their keys and values to `cache` as GPT::forward_cached does (the same ring layout, so a cache
@@ -55,17 +65,19 @@ class Decoder {
   torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
 
  private:
-  /// A weight matrix (rows, cols) row-major, in packed_ (fp32) or packed_bf16_ (bf16 bits): one of the two set.
+  /// A weight matrix (rows, cols) row-major, in packed_ (fp32), packed_bf16_ (bf16 bits) or
+  /// packed_int8_ (its bytes, with the row scales in packed_): one of the three set.
   struct Matrix {
     const float* f32 = nullptr;
     const uint16_t* bf16 = nullptr;
+    Int8Rows int8;
     /// Rows r0 <= r < r1 of this @ x for each of B rows of x: matvec_rows on whichever is set.
     void rows(const float* x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1, float* y,
               int64_t y_stride, bool accumulate) const;
-    Matrix offset(int64_t n) const { return {f32 ? f32 + n : nullptr, bf16 ? bf16 + n : nullptr}; }
+    Matrix from_row(int64_t r, int64_t cols) const;           // the rows from r on
     void row(int64_t r, int64_t cols, float* out) const;      // out = row r, in fp32
     void add_row(int64_t r, int64_t cols, float* out) const;  // out += row r
-    explicit operator bool() const { return f32 || bf16; }
+    explicit operator bool() const { return f32 || bf16 || int8.q; }
   };
   struct Layer {  // pointers into packed_ and packed_bf16_; biases nullptr when the model has none
     const float *ln_1_w, *ln_1_b, *qkv_b, *o_b, *ln_2_w, *ln_2_b, *fc_b, *proj_b;
@@ -75,7 +87,7 @@ class Decoder {
   /// once to copy.
   void lay_out(GPTImpl& model);
   const float* pack(const torch::Tensor& t);  // its copy in packed_; nullptr while measuring or for an undefined t
-  Matrix pack_matrix(const torch::Tensor& t);  // pack(t), or its bf16 copy in packed_bf16_ when bf16_
+  Matrix pack_matrix(const torch::Tensor& t);  // pack(t), its bf16 copy when bf16_, its int8 rows when int8_
   void norm(const float* x, const float* w, const float* b, float* out) const;  // one row of C
   /// Makes cache layer tensors (B, nkv, block, hs) contiguous, fp32 (bf16 with bf16_), keeping the
   /// filled slots.
@@ -85,10 +97,12 @@ class Decoder {
   int64_t C_, hs_, nkv_, qkv_width_, fc_out_, hidden_;
   bool rms_;
   enum class Activation { gelu, relu2, swiglu } activation_;
-  bool bf16_;
-  torch::Tensor packed_;       // every fp32 weight the decoder reads, one allocation
-  torch::Tensor packed_bf16_;  // bf16_: the matrices, one allocation
-  int64_t packed_size_ = 0, packed_bf16_size_ = 0;  // elements placed so far in each
+  bool bf16_;  // under CPU bf16 autocast: the KV cache in bf16, and the matrices unless int8_
+  bool int8_;
+  torch::Tensor packed_;       // every fp32 weight the decoder reads (int8_: the row scales too), one allocation
+  torch::Tensor packed_bf16_;  // bf16_ && !int8_: the matrices, one allocation
+  torch::Tensor packed_int8_;  // int8_: the matrices' bytes (dot.h's Int8Rows), one allocation
+  int64_t packed_size_ = 0, packed_bf16_size_ = 0, packed_int8_size_ = 0;  // elements placed so far in each
   std::vector<Layer> layers_;
   const float *ln_f_w_ = nullptr, *ln_f_b_ = nullptr;
   Matrix wte_, wpe_, head_;  // wpe_ empty unless learned positions

@@ -39,4 +39,26 @@ void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x
 void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
 
+/// A weight matrix (rows, cols) quantized to int8 row by row, as dynamic quantization does
+/// (torch.ao.quantization.quantize_dynamic's per-channel weights): row r is scale[r] * (q[r] - 128),
+/// the 8-bit integer stored offset by 128 (as unsigned bytes: the operand AVX512-VNNI's dot
+/// product multiplies by signed ones).
+struct Int8Rows {
+  const uint8_t* q = nullptr;
+  const float* scale = nullptr;
+};
+
+/// Quantizes w (rows, cols) fp32 into q and scale: scale[r] = max|w[r]| / 127 (1 for a row of
+/// zeros), q = round(w / scale) + 128, so every weight is within scale / 2 of its value and the
+/// largest of a row is exact.
+void quantize_rows_int8(const float* w, int64_t rows, int64_t cols, uint8_t* q, float* scale);
+
+/// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 with int8 weights,
+/// as a dynamically quantized linear layer: each row of x is quantized to int8 by its own
+/// s = max|x| / 127 (x_q = nearbyint(x / s)), the integer products are summed exactly in int32, and
+/// the sum is scaled by scale[r] * s in fp32. The AVX512-VNNI kernel and the portable one give the
+/// same bits. A row of x holding NaN or inf gives NaN outputs.
+void matvec_rows(const Int8Rows& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                 int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
+
 }  // namespace nanogpt::model
