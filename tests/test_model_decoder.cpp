@@ -307,6 +307,16 @@ TEST(MatvecRows, Int8IsDynamicQuantizationSummedExactly) {
           auto unquantized = before + xs.to(torch::kDouble).mm(dequantized.narrow(0, r0, r1 - r0).t());
           EXPECT_GT(((unquantized - want).abs() - 1e-6 * magnitude).max().item<double>(), 0.0) << what;
         }
+        if (rows > 2) {  // a damaged weight is not hidden either: its row's products are NaN
+          auto damaged = w.clone();
+          damaged[1][0] = std::numeric_limits<float>::infinity();
+          quantize_rows_int8(damaged.data_ptr<float>(), rows, cols, q.data_ptr<uint8_t>(), scale.data_ptr<float>());
+          EXPECT_TRUE(std::isnan(scale[1].item<float>())) << what;
+          matvec_rows(Int8Rows{q.data_ptr<uint8_t>(), scale.data_ptr<float>()}, x.data_ptr<float>(), x_stride, B,
+                      cols, r0, r1, y.data_ptr<float>(), y_stride, false);
+          EXPECT_TRUE(torch::isnan(y.select(1, 1)).all().item<bool>()) << what;
+          EXPECT_TRUE(torch::isfinite(y.narrow(1, 2, r1 - 2)).all().item<bool>()) << what;
+        }
         x[B - 1][0] = std::numeric_limits<float>::quiet_NaN();  // a non-finite input is not hidden
         matvec_rows(Int8Rows{q.data_ptr<uint8_t>(), scale.data_ptr<float>()}, x.data_ptr<float>(), x_stride, B, cols,
                     r0, r1, y.data_ptr<float>(), y_stride, false);

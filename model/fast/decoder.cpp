@@ -454,11 +454,17 @@ float quantize_row_int8(const float* __restrict x, int64_t cols, int8_t* __restr
 void quantize_rows_int8(const float* w, int64_t rows, int64_t cols, uint8_t* q, float* scale) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* wr = w + r * cols;
+    uint8_t* qr = q + r * cols;
+    if (!std::all_of(wr, wr + cols, [](float v) { return std::isfinite(v); })) {
+      scale[r] = std::numeric_limits<float>::quiet_NaN();  // a damaged row stays visible: NaN products
+      std::fill(qr, qr + cols, uint8_t{128});
+      continue;
+    }
     float amax = 0.0f;
     for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(wr[i]));
     scale[r] = amax > 0.0f ? amax / 127.0f : 1.0f;
     for (int64_t i = 0; i < cols; ++i)
-      q[r * cols + i] = static_cast<uint8_t>(std::clamp(std::nearbyint(wr[i] / scale[r]), -127.0f, 127.0f) + 128.0f);
+      qr[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(wr[i] / scale[r]), -127.0f, 127.0f) + 128.0f);
   }
 }
 

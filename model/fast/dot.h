@@ -49,8 +49,8 @@ struct Int8Rows {
 };
 
 /// Quantizes w (rows, cols) fp32 into q and scale: scale[r] = max|w[r]| / 127 (1 for a row of
-/// zeros), q = round(w / scale) + 128, so every weight is within scale / 2 of its value and the
-/// largest of a row is exact.
+/// zeros), q = round(w / scale) + 128, so every weight is within scale / 2 of its value. A row
+/// holding NaN or inf gets scale NaN (its products are NaN, as the fp32 model's would be).
 void quantize_rows_int8(const float* w, int64_t rows, int64_t cols, uint8_t* q, float* scale);
 
 /// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 with int8 weights,
