@@ -79,7 +79,7 @@ class Decoder {
     void add_row(int64_t r, int64_t cols, float* out) const;  // out += row r
     explicit operator bool() const { return f32 || bf16 || int8.q; }
   };
-  struct Layer {  // pointers into packed_ and packed_bf16_; biases nullptr when the model has none
+  struct Layer {  // pointers into the packed buffers; biases nullptr when the model has none
     const float *ln_1_w, *ln_1_b, *qkv_b, *o_b, *ln_2_w, *ln_2_b, *fc_b, *proj_b;
     Matrix qkv_w, o_w, fc_w, proj_w;
   };
