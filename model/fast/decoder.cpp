@@ -163,26 +163,38 @@ void matvec_rows_portable(const uint16_t* __restrict w, const uint16_t* __restri
 }
 
 #if NANOGPT_X86_INTRINSICS
+// The lanes' adds of sum_lanes: fp32, or int32 on the same 512 bits (the int8 products' sums).
+struct AddFp32 {
+  __attribute__((target("avx512f"), always_inline)) __m512 operator()(__m512 a, __m512 b) const {
+    return _mm512_add_ps(a, b);
+  }
+};
+struct AddInt32 {
+  __attribute__((target("avx512f"), always_inline)) __m512 operator()(__m512 a, __m512 b) const {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  }
+};
+
 // The four rows' lane sums a0..a3 (16 lanes each) -> s[0..3]: a transpose-and-add tree, 9 shuffles
 // and 6 adds for all four. (Lane by lane in scalar code, as LaneSums, was 64 dependent adds: about
 // as many instructions as the FMAs of a 384-wide row, and most of those of a 64-wide key's score.)
+// T and Add: fp32 lanes, or int32 lanes carried in the same registers (the shuffles only move bits).
+template <typename T, typename Add = AddFp32>
 __attribute__((target("avx512f"), always_inline)) inline void sum_lanes(__m512 a0, __m512 a1, __m512 a2, __m512 a3,
-                                                                       float (&s)[kRowBlock]) {
+                                                                       T (&s)[kRowBlock], Add add = {}) {
   // (The all-ones masked forms, as in load16() below: GCC 12's bug 105593.)
   constexpr __mmask16 all = 0xFFFF;
   // 256-bit halves: u01 = [a0 lo + a0 hi | a1 lo + a1 hi], 8 partial sums of each row
-  const __m512 u01 =
-      _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, a0, a1, 0x44), _mm512_maskz_shuffle_f32x4(all, a0, a1, 0xEE));
-  const __m512 u23 =
-      _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, a2, a3, 0x44), _mm512_maskz_shuffle_f32x4(all, a2, a3, 0xEE));
+  const __m512 u01 = add(_mm512_maskz_shuffle_f32x4(all, a0, a1, 0x44), _mm512_maskz_shuffle_f32x4(all, a0, a1, 0xEE));
+  const __m512 u23 = add(_mm512_maskz_shuffle_f32x4(all, a2, a3, 0x44), _mm512_maskz_shuffle_f32x4(all, a2, a3, 0xEE));
   // 128-bit quarters: v = [row 0 | row 1 | row 2 | row 3], 4 partial sums each
   const __m512 v =
-      _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, u01, u23, 0x88), _mm512_maskz_shuffle_f32x4(all, u01, u23, 0xDD));
+      add(_mm512_maskz_shuffle_f32x4(all, u01, u23, 0x88), _mm512_maskz_shuffle_f32x4(all, u01, u23, 0xDD));
   // within each quarter: 4 -> 2 -> 1
-  const __m512 w = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, 0x4E));
-  const __m512 x = _mm512_add_ps(w, _mm512_maskz_permute_ps(all, w, 0xB1));
-  alignas(64) float lanes[kLanes];
-  _mm512_store_ps(lanes, x);
+  const __m512 w = add(v, _mm512_maskz_permute_ps(all, v, 0x4E));
+  const __m512 x = add(w, _mm512_maskz_permute_ps(all, w, 0xB1));
+  alignas(64) T lanes[kLanes];
+  _mm512_store_si512(lanes, _mm512_castps_si512(x));
   for (int64_t k = 0; k < kRowBlock; ++k) s[k] = lanes[4 * k];
 }
 
@@ -378,11 +390,11 @@ void matvec_rows_int8_portable(const Int8Rows& w, const int8_t* __restrict xq, c
 
 #if NANOGPT_X86_INTRINSICS
 // VPDPBUSD: 64 byte pairs of a row a step, each lane adding four products of an unsigned weight
-// byte and a signed x byte into int32 (no saturation). Then the four rows' lanes summed by the
-// same transpose-and-add tree as sum_lanes, in integers. Full-preset model's 24 matrices, 2
-// threads, a barrier after each (/tmp microbenchmark, 4 runs): 240-247 us a token against 562-656
-// for the bf16 dot products on the same rows: half the bytes, and four products an instruction
-// where converting int8 to fp32 for FMAs (559-701 us) ran out of arithmetic.
+// byte and a signed x byte into int32 (no saturation). Then the four rows' lanes summed by
+// sum_lanes' tree, in integers. Full-preset model's 24 matrices, 2 threads, a barrier after each
+// (/tmp microbenchmark, 4 runs): 240-247 us a token against 562-656 for the bf16 dot products on
+// the same rows: half the bytes, and four products an instruction where converting int8 to fp32
+// for FMAs (559-701 us) ran out of arithmetic.
 struct Avx512VnniSums {
   static constexpr int64_t kStep = 64;
   __attribute__((target("avx512f,avx512bw,avx512vnni"))) void operator()(const uint8_t* const (&w)[kRowBlock],
@@ -397,18 +409,8 @@ struct Avx512VnniSums {
       a2 = _mm512_dpbusd_epi32(a2, _mm512_loadu_si512(w[2] + i), xv);
       a3 = _mm512_dpbusd_epi32(a3, _mm512_loadu_si512(w[3] + i), xv);
     }
-    constexpr __mmask16 all = 0xFFFF;  // the masked forms, as sum_lanes (GCC's bug 105593)
-    const __m512i u01 = _mm512_add_epi32(_mm512_maskz_shuffle_i32x4(all, a0, a1, 0x44),
-                                         _mm512_maskz_shuffle_i32x4(all, a0, a1, 0xEE));
-    const __m512i u23 = _mm512_add_epi32(_mm512_maskz_shuffle_i32x4(all, a2, a3, 0x44),
-                                         _mm512_maskz_shuffle_i32x4(all, a2, a3, 0xEE));
-    const __m512i v = _mm512_add_epi32(_mm512_maskz_shuffle_i32x4(all, u01, u23, 0x88),
-                                       _mm512_maskz_shuffle_i32x4(all, u01, u23, 0xDD));
-    const __m512i t = _mm512_add_epi32(v, _mm512_maskz_shuffle_epi32(all, v, static_cast<_MM_PERM_ENUM>(0x4E)));
-    const __m512i u = _mm512_add_epi32(t, _mm512_maskz_shuffle_epi32(all, t, static_cast<_MM_PERM_ENUM>(0xB1)));
-    alignas(64) int32_t lanes[kLanes];
-    _mm512_store_si512(lanes, u);
-    for (int64_t k = 0; k < kRowBlock; ++k) s[k] = lanes[4 * k];
+    sum_lanes(_mm512_castsi512_ps(a0), _mm512_castsi512_ps(a1), _mm512_castsi512_ps(a2), _mm512_castsi512_ps(a3), s,
+              AddInt32{});
   }
 };
 
@@ -452,19 +454,11 @@ float quantize_row_int8(const float* __restrict x, int64_t cols, int8_t* __restr
 }  // namespace
 
 void quantize_rows_int8(const float* w, int64_t rows, int64_t cols, uint8_t* q, float* scale) {
+  std::vector<int8_t> row(cols);  // the same rule as each product's input (NaN scale and zeros for a damaged row)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* wr = w + r * cols;
-    uint8_t* qr = q + r * cols;
-    if (!std::all_of(wr, wr + cols, [](float v) { return std::isfinite(v); })) {
-      scale[r] = std::numeric_limits<float>::quiet_NaN();  // a damaged row stays visible: NaN products
-      std::fill(qr, qr + cols, uint8_t{128});
-      continue;
-    }
-    float amax = 0.0f;
-    for (int64_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(wr[i]));
-    scale[r] = amax > 0.0f ? amax / 127.0f : 1.0f;
-    for (int64_t i = 0; i < cols; ++i)
-      qr[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(wr[i] / scale[r]), -127.0f, 127.0f) + 128.0f);
+    int32_t sum = 0;
+    scale[r] = quantize_row_int8(w + r * cols, cols, row.data(), &sum);
+    for (int64_t i = 0; i < cols; ++i) q[r * cols + i] = static_cast<uint8_t>(row[i] + 128);
   }
 }
 
