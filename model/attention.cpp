@@ -181,21 +181,22 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
 
   // 3-6. Score, mask, softmax, weigh. The math path spells them out; LibTorch's fused kernels
   //      (scaled_dot_product_attention) compute the same without materialising the (T, Tk) scores.
-  //      `auto` trains on the CPU with the math path: LibTorch's fused CPU kernel is slow backwards
-  //      (35% of a CPU-preset step in bf16) and has no dropout (with attention dropout it falls back
-  //      to its own math kernel and a Bernoulli mask, ~0.4 s per 25M values). Measured per step,
-  //      math vs SDPA: CPU preset bf16 11.5 vs 26.5 ms, fp32 25.5 vs 26.6 ms; Tang CPU bf16 44.3 vs
-  //      55.1 ms; full preset bf16 without dropout 1.81 vs 2.30 s (at 3.8 vs 2.7 GB), with dropout
-  //      10.1 vs 12.7 s (fp32). Evaluation, prefill and CUDA keep the fused kernels.
-  //      Where a layer's (B, nh, T, T) weights outgrow the cache (the full preset: 150 MB per layer),
-  //      `auto` trains with the same math in chunks that recompute the weights in backward instead of
-  //      keeping them (model/fast/chunked_attention.h).
+  //      `auto` trains on the CPU with the math path's arithmetic, not LibTorch's fused CPU kernel:
+  //      that one is slow backwards (35% of a CPU-preset step in bf16) and has no dropout (with
+  //      attention dropout it falls back to its own math kernel and a Bernoulli mask, ~0.4 s per 25M
+  //      values). Measured per step, math vs SDPA: CPU preset bf16 11.5 vs 26.5 ms, fp32 25.5 vs
+  //      26.6 ms; Tang CPU bf16 44.3 vs 55.1 ms; full preset bf16 without dropout 1.81 vs 2.30 s (at
+  //      3.8 vs 2.7 GB), with dropout 10.1 vs 12.7 s (fp32). Evaluation, prefill and CUDA keep the
+  //      fused kernels. That arithmetic runs as one autograd node (model/fast/chunked_attention.h):
+  //      the two batched products around a fused causal softmax, in chunks that recompute the
+  //      weights in backward where a layer's (B, nh, T, T) weights outgrow the cache (the full
+  //      preset: 150 MB per layer), in one chunk whose weights are kept below that.
   const int64_t Tk = k.size(2);
   const bool cpu_training = x.device().is_cpu() && is_training() && torch::GradMode::is_enabled();
   const bool fused = !ctx.weights && (attention_ == "sdpa" || (attention_ == "auto" && !cpu_training));
   const int64_t chunk_pairs = attention_chunk_pairs(T, Tk);
   const bool chunked = !ctx.weights && T == Tk &&
-                       (attention_ == "chunked" || (attention_ == "auto" && cpu_training && chunk_pairs < B * n_head_));
+                       (attention_ == "chunked" || (attention_ == "auto" && cpu_training));
   torch::Tensor y;
   if (fused) {
     const bool plain_causal = T == Tk;  // no cached prefix: the kernel's own causal mask fits
@@ -208,8 +209,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
     }
     if (chunked) {
       const auto dtype = v.scalar_type();  // under autocast the projections' bf16
-      y = chunked_attention(q.to(dtype), k.to(dtype), v, causal_bias(0, T, Tk, x.device()),
-                            is_training() ? dropout_ : 0.0, chunk_pairs);  // (B, nh, T, hs)
+      y = chunked_attention(q.to(dtype), k.to(dtype), v, is_training() ? dropout_ : 0.0, chunk_pairs);  // (B, nh, T, hs)
     } else {
       y = math_attention(q, k, v, ctx.start_pos, ctx.weights);  // (B, nh, T, hs)
     }
@@ -217,7 +217,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
 
   // 7. Project: heads side by side, then the output projection.
   y = y.transpose(1, 2).contiguous().view({B, T, C});  // (B, T, C)
-  return resid_dropout(dense(y, c_proj->weight, c_proj->bias));
+  return resid_dropout(dense(y, c_proj->weight, c_proj->bias, Result::kWide));  // joins the fp32 residual
 }
 
 }  // namespace nanogpt::model

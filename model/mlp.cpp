@@ -13,28 +13,39 @@ using torch::autograd::variable_list;
 
 // activation(h) · wᵀ keeping only h for backward, which recomputes the activation from it: the
 // activation's output (H wide, 4 C) is the largest tensor a block would otherwise keep for backward,
-// 50 MB per layer at the full preset in bf16, and recomputing it is one elementwise pass.
+// 50 MB per layer at the full preset in bf16, and recomputing it is one elementwise pass. The product
+// runs in h's dtype (w rounded to it, as autocast's linear would) and, for fp32 master weights, comes
+// out in fp32 like dense()'s Result::kWide: it joins the fp32 residual stream. dw is summed in w's
+// dtype's precision (mm_to_float for fp32 weights).
 struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const std::string& kind) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // dtypes are the caller's
-    ctx->save_for_backward({h, w});
+    auto w_low = w.to(h.scalar_type());  // (C, H)
+    ctx->save_for_backward({h, w_low});
     ctx->saved_data["kind"] = kind;
-    return dense(mlp_activation(kind, h), w);  // (B, T, C)
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    auto a = mlp_activation(kind, h);  // (B, T, H)
+    if (w.scalar_type() == h.scalar_type()) return dense(a, w);  // (B, T, C)
+    auto sizes = a.sizes().vec();
+    sizes.back() = w.size(0);
+    return mm_to_float(a.reshape({-1, a.size(-1)}), w_low.t()).to(w.scalar_type()).view(sizes);  // (B, T, C)
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     auto saved = ctx->get_saved_variables();
-    const auto &h = saved[0], &w = saved[1];
+    const auto &h = saved[0], &w_low = saved[1];
     const auto kind = ctx->saved_data["kind"].toStringRef();
+    const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     auto dy = grads[0].to(h.scalar_type());                              // (B, T, C)
     auto dy2 = dy.reshape({-1, dy.size(-1)});                            // (B*T, C)
     torch::AutoGradMode grad_on(true);
     auto h_again = h.detach().requires_grad_(true);
     auto a = mlp_activation(kind, h_again);                             // (B, T, H), recomputed
-    auto dw = dy2.t().mm(a.detach().reshape({-1, a.size(-1)}));         // (C, H)
-    auto dh = torch::autograd::grad({a}, {h_again}, {dy.matmul(w)})[0];  // through the activation
+    auto a2 = a.detach().reshape({-1, a.size(-1)});                     // (B*T, H)
+    auto dw = w_dtype == torch::kFloat ? mm_to_float(dy2.t(), a2) : dy2.t().mm(a2).to(w_dtype);  // (C, H)
+    auto dh = torch::autograd::grad({a}, {h_again}, {dy.matmul(w_low)})[0];  // through the activation
     return {dh, dw, torch::Tensor()};
   }
 };
@@ -60,11 +71,11 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
   if (torch::GradMode::is_enabled() && is_training() && h.numel() >= kRecomputeMinValues) {
     // Training with a large activation: recomputed in backward instead of kept; c_proj computes in
-    // h's dtype (bf16 under autocast, as autocast's linear would), its bias added after.
-    y = ProjectActivation::apply(h, c_proj->weight.to(h.scalar_type()), activation_);
+    // h's dtype (bf16 under autocast, as autocast's linear would), its bias added after in fp32.
+    y = ProjectActivation::apply(h, c_proj->weight, activation_);
     if (c_proj->bias.defined()) y = y + c_proj->bias.to(y.scalar_type());
   } else {
-    y = dense(mlp_activation(activation_, h), c_proj->weight, c_proj->bias);
+    y = dense(mlp_activation(activation_, h), c_proj->weight, c_proj->bias, Result::kWide);  // joins the residual
   }
   return dropout(y);  // (B, T, C)
 }

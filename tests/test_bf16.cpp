@@ -14,6 +14,7 @@
 #include "train/adamw.h"
 #include "train/step.h"
 #include "train/trainer.h"
+#include "tensor_compare.h"
 #include "train_fixture.h"
 
 using namespace nanogpt;
@@ -90,12 +91,16 @@ TEST(Bf16, OneRowDenseUnderAutocastMatchesLinear) {
 
 // Training under autocast, dense() is one autograd node (model/fast/linear.cpp) that must compute
 // what autocast's at::linear computes (PyTorch's F.linear; the C++ frontend's F::linear adds a bias
-// to 3-D inputs after the product, rounding twice): the same bf16 output, bit for bit, and the same gradients for x
-// (fp32 and bf16 inputs), the fp32 weight and the bias (the bias's summed in fp32 here, in bf16
-// there: within bf16 rounding), with and without a bias, for 2-D and 3-D inputs.
+// to 3-D inputs after the product, rounding twice): the same bf16 output, bit for bit, and the same
+// gradient for a bf16 x. The gradients that land in fp32 (x's when x is fp32, the fp32 weight's) are
+// the same products summed in fp32 and not rounded to bf16 on the way: equal to the fp64 product of
+// the same bf16 operands to fp32 rounding, and within a bf16 rounding of LibTorch's (which rounds
+// them); the bias's gradient within bf16 rounding. Result::kWide gives the fp32 product (the bias
+// added in fp32), and the same gradients. With and without a bias, for 2-D and 3-D inputs.
 TEST(Bf16, AutocastDenseIsAutocastLinearInOneNode) {
   SKIP_WITHOUT_BF16();
   torch::manual_seed(5);
+  const auto low = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kDouble); };
   for (bool bias : {false, true})
     for (auto x_dtype : {torch::kFloat, torch::kBFloat16})
       for (auto shape : {std::vector<int64_t>{37, 24}, std::vector<int64_t>{3, 11, 24}}) {
@@ -104,15 +109,17 @@ TEST(Bf16, AutocastDenseIsAutocastLinearInOneNode) {
         out_shape.back() = 40;
         const auto dy = torch::randn(out_shape).to(torch::kBFloat16);
         std::vector<torch::Tensor> out, grads;
-        for (int way = 0; way < 2; ++way) {
+        for (int way = 0; way < 3; ++way) {  // dense, LibTorch's linear, dense with Result::kWide
           auto w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_(), x = x0.clone().requires_grad_();
+          const auto b_or_none = bias ? b : torch::Tensor();
           torch::Tensor y;
           {
             runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
-            y = way == 0 ? model::dense(x, w, bias ? b : torch::Tensor())
-                         : torch::linear(x, w, bias ? b : torch::Tensor());  // ATen's, as PyTorch's F.linear
+            y = way == 0   ? model::dense(x, w, b_or_none)
+                : way == 1 ? torch::linear(x, w, b_or_none)  // ATen's, as PyTorch's F.linear
+                           : model::dense(x, w, b_or_none, model::Result::kWide);
           }
-          y.backward(dy);
+          y.backward(dy.to(y.scalar_type()));
           out.push_back(y);
           grads.insert(grads.end(), {x.grad(), w.grad(), bias ? b.grad() : torch::zeros({40})});
         }
@@ -120,11 +127,27 @@ TEST(Bf16, AutocastDenseIsAutocastLinearInOneNode) {
                                  ", rank " + std::to_string(shape.size());
         ASSERT_EQ(out[0].scalar_type(), torch::kBFloat16) << what;
         EXPECT_TRUE(torch::equal(out[0], out[1])) << what;
+        // kWide: the fp32 sum of the bf16 operands' products, plus the fp32 bias.
+        const auto x2 = x0.reshape({-1, 24});
+        auto wide64 = low(x2).mm(low(w0).t()) + (bias ? b0.to(torch::kDouble) : torch::zeros({40}, torch::kDouble));
+        ASSERT_EQ(out[2].scalar_type(), torch::kFloat) << what;
+        EXPECT_LE(relative_error(out[2].reshape({-1, 40}), wide64), 1e-5) << what << ": wide output";
+        EXPECT_LE(relative_error(out[1].reshape({-1, 40}), wide64), 1e-2) << what << ": within bf16 of the wide output";
+
+        const auto dy2 = dy.reshape({-1, 40}).to(torch::kDouble);
+        const auto dx64 = dy2.mm(low(w0)).reshape(shape), dw64 = dy2.t().mm(low(x2));
         EXPECT_EQ(grads[0].scalar_type(), x_dtype) << what;
         EXPECT_EQ(grads[1].scalar_type(), torch::kFloat) << what;
-        EXPECT_TRUE(torch::equal(grads[0], grads[3])) << what << ": dx";
-        EXPECT_TRUE(torch::equal(grads[1], grads[4])) << what << ": dw";
+        if (x_dtype == torch::kBFloat16) {
+          EXPECT_TRUE(torch::equal(grads[0], grads[3])) << what << ": dx";
+        } else {
+          EXPECT_LE(relative_error(grads[0], dx64), 1e-5) << what << ": dx, summed in fp32";
+          EXPECT_LE(relative_error(grads[3], dx64), 1e-2) << what << ": LibTorch's dx, rounded to bf16";
+        }
+        EXPECT_LE(relative_error(grads[1], dw64), 1e-5) << what << ": dw, summed in fp32";
+        EXPECT_LE(relative_error(grads[4], dw64), 1e-2) << what << ": LibTorch's dw, rounded to bf16";
         EXPECT_TRUE(torch::allclose(grads[2], grads[5], 1e-2, 1e-2)) << what << ": db";
+        for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(grads[6 + i], grads[i])) << what << ": kWide's gradient " << i;
       }
 }
 

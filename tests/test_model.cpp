@@ -142,14 +142,15 @@ TEST(Attention, WeightsRowsSumToOneAndAreCausal) {
 
 using nanogpt::testing::relative_error;
 
-// `attention: auto` trains on the CPU with the math path and evaluates with the fused kernels: its
-// logits equal math's bit for bit in training (grad on), and sdpa's in evaluation (no grad).
-TEST(Attention, AutoTrainsWithMathAndEvaluatesWithSdpaOnTheCpu) {
+// `attention: auto` trains on the CPU with chunked attention (model/fast/chunked_attention.h: the
+// math path's arithmetic with a fused causal softmax) and evaluates with the fused kernels: its logits
+// equal chunked's bit for bit in training (grad on), and sdpa's in evaluation (no grad).
+TEST(Attention, AutoTrainsChunkedAndEvaluatesWithSdpaOnTheCpu) {
   auto cfg = tiny();
   cfg.block_size = 32;
-  GPT models[3] = {GPT(nullptr), GPT(nullptr), GPT(nullptr)};
-  const char* kinds[3] = {"auto", "math", "sdpa"};
-  for (int m = 0; m < 3; ++m) {
+  GPT models[4] = {GPT(nullptr), GPT(nullptr), GPT(nullptr), GPT(nullptr)};
+  const char* kinds[4] = {"auto", "chunked", "sdpa", "math"};
+  for (int m = 0; m < 4; ++m) {
     cfg.attention = kinds[m];
     torch::manual_seed(5);
     models[m] = GPT(cfg);
@@ -161,10 +162,13 @@ TEST(Attention, AutoTrainsWithMathAndEvaluatesWithSdpaOnTheCpu) {
     torch::NoGradGuard no_grad;
     return model->logits(idx);
   };
-  const auto auto_train = logits(models[0], true), math_train = logits(models[1], true);
+  const auto auto_train = logits(models[0], true), chunked_train = logits(models[1], true),
+             math_train = logits(models[3], true);
   const auto auto_eval = logits(models[0], false), sdpa_eval = logits(models[2], false),
-             math_eval = logits(models[1], false);
-  EXPECT_TRUE(torch::equal(auto_train, math_train));
+             math_eval = logits(models[3], false);
+  EXPECT_TRUE(torch::equal(auto_train, chunked_train));
+  EXPECT_FALSE(torch::equal(chunked_train, math_train)) << "the two paths must differ in rounding for this test to tell them apart";
+  EXPECT_LE(relative_error(chunked_train, math_train), 1e-5);
   EXPECT_TRUE(torch::equal(auto_eval, sdpa_eval));
   EXPECT_FALSE(torch::equal(sdpa_eval, math_eval)) << "the two paths must differ in rounding for this test to tell them apart";
 }

@@ -1,8 +1,9 @@
 // What training recomputes in backward instead of keeping, against the plain autograd it replaces.
-// Chunked attention (model/fast/chunked_attention.h) against the math it chunks: outputs and the
-// gradients of q, k and v, with dropout (the same seed gives the same mask), in fp32 and bf16, for
-// chunk sizes that do and do not divide the (batch, head) pairs; and the model's `auto` rule that
-// picks it. The MLP's activation, recomputed from c_fc's output (model/mlp.h), against the MLP
+// The causal softmax (model/fast/causal_softmax.h) against LibTorch's softmax of the masked scores,
+// forward and backward. Chunked attention (model/fast/chunked_attention.h) against the math it
+// chunks: outputs and the gradients of q, k and v, with dropout (the same seed gives the same mask),
+// in fp32 and bf16, for chunk sizes that do and do not divide the (batch, head) pairs; and the
+// model's `auto` rule that picks it. The MLP's activation, recomputed from c_fc's output (model/mlp.h), against the MLP
 // evaluated with plain autograd. RoPE's rotation, whose backward rotates the gradient back, against
 // the rotation written from its definition.
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <string>
 
+#include "model/fast/causal_softmax.h"
 #include "model/fast/chunked_attention.h"
 #include "model/fast/dropout.h"
 #include "model/gpt.h"
@@ -40,6 +42,46 @@ torch::Tensor reference(const torch::Tensor& q, const torch::Tensor& k, const to
 
 }  // namespace
 
+// Forward: every row is LibTorch's fp64 softmax of the scaled scores with keys j > i masked, rounded
+// once to the dtype (bf16 and fp16: within one rounding of it, as the fp32 sum may round the other way),
+// the masked keys exactly 0 and each row summing to 1. Backward: the gradient autograd takes
+// through that fp64 softmax, given the same weights and upstream gradient.
+TEST(CausalSoftmax, IsTheMaskedSoftmaxForwardAndBackward) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {  // fp16 goes through fp32
+    for (const int64_t T : {1, 7, 64}) {  // one key; a row shorter than a vector; the presets' T
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " T=" + std::to_string(T));
+      torch::manual_seed(T);
+      const int64_t g = 5;
+      const double scale = 0.3;
+      auto scores = (torch::randn({g, T, T}) * 4).to(dtype);
+      auto hidden = torch::ones({T, T}, torch::kBool).triu(1);  // (T, T) true where key j > query i
+      auto s64 = scores.to(torch::kDouble).requires_grad_();
+      auto expected = torch::softmax((s64 * scale).masked_fill(hidden, -INFINITY), -1);  // (g, T, T) fp64
+      auto w = causal_softmax(scores, scale);
+      ASSERT_EQ(w.scalar_type(), dtype);
+      EXPECT_TRUE(torch::all(w.masked_select(hidden.expand({g, T, T})) == 0).item<bool>());
+      const double ulp = dtype == torch::kFloat ? 1e-6 : 1.0 / 128;  // relative, per weight
+      EXPECT_TRUE(torch::allclose(w.to(torch::kDouble), expected.detach(), ulp, 1e-7));
+      EXPECT_LE((w.to(torch::kDouble).sum(-1) - 1).abs().max().item<double>(), dtype == torch::kFloat ? 1e-5 : 2e-2);
+      if (T > 1) {  // the scale counts
+        EXPECT_FALSE(torch::allclose(w, causal_softmax(scores, 2 * scale), 1e-3, 1e-3));
+      }
+
+      auto dw = torch::randn({g, T, T}).to(dtype);
+      auto ds = causal_softmax_backward(dw, w, scale);
+      ASSERT_EQ(ds.scalar_type(), dtype);
+      // Autograd through fp64 softmax evaluated at the weights w hold: d/ds of softmax(scale s) is
+      // scale * w (dw - <w, dw>), so the reference uses w itself, not the fp64 weights.
+      auto w64 = w.to(torch::kDouble), dw64 = dw.to(torch::kDouble).masked_fill(hidden, 0);
+      auto ref = scale * w64 * (dw64 - (w64 * dw64).sum(-1, true));
+      auto ref_auto = torch::autograd::grad({expected}, {s64}, {dw.to(torch::kDouble)})[0];
+      EXPECT_TRUE(torch::all(ds.masked_select(hidden.expand({g, T, T})) == 0).item<bool>());
+      EXPECT_LE(relative_error(ds, ref), dtype == torch::kFloat ? 1e-5 : 1e-2);
+      EXPECT_LE(relative_error(ds, ref_auto), dtype == torch::kFloat ? 1e-5 : 3e-2);  // and autograd's own
+    }
+  }
+}
+
 TEST(ChunkedAttention, MatchesTheWholeMathForwardAndBackward) {
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
     for (const double p : {0.0, 0.25}) {
@@ -55,7 +97,7 @@ TEST(ChunkedAttention, MatchesTheWholeMathForwardAndBackward) {
         auto y_ref = reference(q, k, v, p);
         auto grads_ref = torch::autograd::grad({y_ref}, {q, k, v}, {dy});
         torch::manual_seed(7);
-        auto y = chunked_attention(q, k, v, causal_bias(T), p, chunk);
+        auto y = chunked_attention(q, k, v, p, chunk);
         auto grads = torch::autograd::grad({y}, {q, k, v}, {dy});
         const double tol = dtype == torch::kFloat ? 1e-5 : 2e-2;
         EXPECT_EQ(y.scalar_type(), dtype);
@@ -93,46 +135,53 @@ TEST(ChunkedAttention, AMaskInEveryDtypeIsTheFp64MaskRoundedOnce) {
     }
 }
 
-// `auto` trains with chunks where a layer's weights outgrow one chunk (here T = 256, 2 × 4 pairs of
-// 64K scores, 4 pairs per chunk) and with the whole math below that; chunked and math models agree
-// on the logits and every parameter's gradient with dropout on.
-TEST(ChunkedAttention, AutoChunksLargeTrainingAttentionAndMatchesMath) {
-  ModelConfig cfg;
-  cfg.vocab_size = 11;
-  cfg.block_size = 256;
-  cfg.n_layer = 2;
-  cfg.n_head = 4;
-  cfg.n_kv_head = 2;
-  cfg.n_embd = 32;
-  cfg.dropout = 0.1;
-  ASSERT_LT(attention_chunk_pairs(256, 256), 2 * cfg.n_head);
-  GPT models[3] = {GPT(nullptr), GPT(nullptr), GPT(nullptr)};
-  const char* kinds[3] = {"auto", "chunked", "math"};
-  for (int m = 0; m < 3; ++m) {
-    cfg.attention = kinds[m];
-    torch::manual_seed(5);
-    models[m] = GPT(cfg);
-  }
-  auto idx = torch::randint(11, {2, 256});
-  for (const bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
-    torch::Tensor logits[3];
-    for (int m = 0; m < 3; ++m) {
-      models[m]->train();
-      models[m]->zero_grad();
-      torch::manual_seed(9);  // the same dropout masks in all three
-      {
-        nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
-        logits[m] = models[m]->logits(idx);
-      }
-      logits[m].to(torch::kFloat).pow(2).mean().backward();
+// `auto` trains on the CPU with chunked attention: in chunks where a layer's weights outgrow one
+// (T = 256: 2 × 4 pairs of 64K scores, 4 pairs per chunk, recomputed in backward) and in one chunk
+// whose weights are kept below that (T = 16); chunked and math models agree on the logits and every
+// parameter's gradient with dropout on, with grouped-query heads.
+TEST(ChunkedAttention, AutoTrainsWithChunkedAttentionAndMatchesMath) {
+  for (const int64_t T : {256, 16}) {
+    ModelConfig cfg;
+    cfg.vocab_size = 11;
+    cfg.block_size = T;
+    cfg.n_layer = 2;
+    cfg.n_head = 4;
+    cfg.n_kv_head = 2;
+    cfg.n_embd = 32;
+    cfg.dropout = 0.1;
+    if (T == 256) {
+      ASSERT_LT(attention_chunk_pairs(T, T), 2 * cfg.n_head);
+    } else {
+      ASSERT_GE(attention_chunk_pairs(T, T), 2 * cfg.n_head);
     }
-    EXPECT_TRUE(torch::equal(logits[0], logits[1])) << "auto must have taken the chunked path";
-    const double tol = bf16 ? 2e-2 : 1e-5;
-    EXPECT_LE(relative_error(logits[1], logits[2]), tol);
-    auto math_params = models[2]->named_parameters();
-    for (auto& p : models[1]->named_parameters())
-      EXPECT_LE(relative_error(p.value().grad(), math_params[p.key()].grad()), tol) << p.key();
+    GPT models[3] = {GPT(nullptr), GPT(nullptr), GPT(nullptr)};
+    const char* kinds[3] = {"auto", "chunked", "math"};
+    for (int m = 0; m < 3; ++m) {
+      cfg.attention = kinds[m];
+      torch::manual_seed(5);
+      models[m] = GPT(cfg);
+    }
+    auto idx = torch::randint(11, {2, T});
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + " T=" + std::to_string(T));
+      torch::Tensor logits[3];
+      for (int m = 0; m < 3; ++m) {
+        models[m]->train();
+        models[m]->zero_grad();
+        torch::manual_seed(9);  // the same dropout masks in all three
+        {
+          nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+          logits[m] = models[m]->logits(idx);
+        }
+        logits[m].to(torch::kFloat).pow(2).mean().backward();
+      }
+      EXPECT_TRUE(torch::equal(logits[0], logits[1])) << "auto must have taken the chunked path";
+      const double tol = bf16 ? 2e-2 : 1e-5;
+      EXPECT_LE(relative_error(logits[1], logits[2]), tol);
+      auto math_params = models[2]->named_parameters();
+      for (auto& p : models[1]->named_parameters())
+        EXPECT_LE(relative_error(p.value().grad(), math_params[p.key()].grad()), tol) << p.key();
+    }
   }
 }
 

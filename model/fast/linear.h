@@ -7,7 +7,21 @@
 
 namespace nanogpt::model {
 
+/// What dtype dense() returns under CPU autocast. kAutocast: autocast's (bf16 / fp16), as its linear
+/// would. kWide: the product summed in fp32 and left in fp32 (the bias added in fp32), for a
+/// projection that joins the fp32 residual stream: no rounding to bf16 that the sum then undoes,
+/// and no mixed-dtype add. Outside CPU autocast both are the same.
+enum class Result { kAutocast, kWide };
+
+/// a (M, K) · b (K, N) returned in fp32, each operand row-major or the transpose of a row-major
+/// matrix (else copied). Both bf16 on the CPU: summed in fp32 and never rounded to bf16, through MKL's
+/// bf16 GEMM where LibTorch carries it (its AMX / AVX512-BF16 kernels; faster than at::mm's oneDNN
+/// call on the presets' small products, BENCHMARKS.md); otherwise widened and multiplied in fp32 (the
+/// same sums: bf16 values are exact in fp32). Not differentiable.
+torch::Tensor mm_to_float(const torch::Tensor& a, const torch::Tensor& b);
+
 /// x (..., in), w (out, in), b (out) or undefined -> (..., out). Differentiable.
-torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {});
+torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {},
+                    Result result = Result::kAutocast);
 
 }  // namespace nanogpt::model
