@@ -14,9 +14,9 @@ using torch::autograd::variable_list;
 // activation(h) · wᵀ keeping only h for backward, which recomputes the activation from it: the
 // activation's output (H wide, 4 C) is the largest tensor a block would otherwise keep for backward,
 // 50 MB per layer at the full preset in bf16, and recomputing it is one elementwise pass. The product
-// runs in h's dtype (w rounded to it, as autocast's linear would) and, for fp32 master weights, comes
-// out in fp32 like dense()'s Result::kWide: it joins the fp32 residual stream. dw is summed in w's
-// dtype's precision (mm_to_float for fp32 weights).
+// runs in h's dtype (w rounded to it, as autocast's linear would); on the CPU, for fp32 master
+// weights, it comes out in fp32 like dense()'s Result::kWide, since it joins the fp32 residual
+// stream, and dw is summed in fp32 without a bf16 rounding (mm_to_float). CUDA keeps h's dtype.
 struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const std::string& kind) {
@@ -26,7 +26,7 @@ struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
     ctx->saved_data["kind"] = kind;
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
     auto a = mlp_activation(kind, h);  // (B, T, H)
-    if (w.scalar_type() == h.scalar_type()) return dense(a, w);  // (B, T, C)
+    if (w.scalar_type() == h.scalar_type() || !h.device().is_cpu()) return dense(a, w_low);  // (B, T, C) in h's dtype
     auto sizes = a.sizes().vec();
     sizes.back() = w.size(0);
     return mm_to_float(a.reshape({-1, a.size(-1)}), w_low.t()).to(w.scalar_type()).view(sizes);  // (B, T, C)
@@ -44,7 +44,8 @@ struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
     auto h_again = h.detach().requires_grad_(true);
     auto a = mlp_activation(kind, h_again);                             // (B, T, H), recomputed
     auto a2 = a.detach().reshape({-1, a.size(-1)});                     // (B*T, H)
-    auto dw = w_dtype == torch::kFloat ? mm_to_float(dy2.t(), a2) : dy2.t().mm(a2).to(w_dtype);  // (C, H)
+    auto dw = w_dtype == torch::kFloat && h.device().is_cpu() ? mm_to_float(dy2.t(), a2)
+                                                              : dy2.t().mm(a2).to(w_dtype);  // (C, H)
     auto dh = torch::autograd::grad({a}, {h_again}, {dy.matmul(w_low)})[0];  // through the activation
     return {dh, dw, torch::Tensor()};
   }

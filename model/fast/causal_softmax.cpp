@@ -69,12 +69,27 @@ NANOGPT_SOFTMAX_BACKWARD_ROWS(uint16_t, softmax_backward_rows_bf16)
 void check_scores(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.dim() == 3 && t.size(1) == t.size(2), "causal_softmax: ", what, " must be (g, T, T), got ",
               t.sizes());
-  TORCH_CHECK(t.device().is_cpu() && at::isFloatingType(t.scalar_type()), "causal_softmax: ", what,
-              " must be floating point on the CPU");
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()), "causal_softmax: ", what, " must be floating point");
 }
 
-// The loops' own dtypes; the others (fp16, fp64) go through fp32.
-bool native(const torch::Tensor& t) { return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16; }
+// What the loops take: fp32 and bf16 on the CPU. The rest (CUDA, fp16, fp64) computes the same as
+// LibTorch ops, in fp32 or wider.
+bool native(const torch::Tensor& t) {
+  return t.device().is_cpu() && (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16);
+}
+c10::ScalarType wide(const torch::Tensor& t) { return at::promote_types(t.scalar_type(), torch::kFloat); }
+
+torch::Tensor causal_softmax_ops(const torch::Tensor& scores, double scale) {
+  const int64_t T = scores.size(1);
+  auto hidden = torch::ones({T, T}, scores.options().dtype(torch::kBool)).triu(1);  // (T, T): key j > query i
+  auto s = (scores.to(wide(scores)) * scale).masked_fill(hidden, -std::numeric_limits<double>::infinity());
+  return torch::softmax(s, -1).to(scores.scalar_type());
+}
+
+torch::Tensor causal_softmax_backward_ops(const torch::Tensor& d_weights, const torch::Tensor& weights, double scale) {
+  auto w = weights.to(wide(weights)), dw = d_weights.to(wide(weights));
+  return (scale * w * (dw - (w * dw).sum(-1, true))).to(weights.scalar_type());  // 0 where w is 0: the masked keys
+}
 
 // Rows per task: about 32K scores, so a (12 * 4 * 64)-row step splits across the threads.
 int64_t grain_rows(int64_t T) { return std::max<int64_t>(1, (int64_t{32} << 10) / std::max<int64_t>(T, 1)); }
@@ -83,7 +98,7 @@ int64_t grain_rows(int64_t T) { return std::max<int64_t>(1, (int64_t{32} << 10) 
 
 torch::Tensor causal_softmax(const torch::Tensor& scores, double scale) {
   check_scores(scores, "scores");
-  if (!native(scores)) return causal_softmax(scores.to(torch::kFloat), scale).to(scores.scalar_type());
+  if (!native(scores)) return causal_softmax_ops(scores, scale);
   auto s = scores.contiguous();
   auto w = torch::empty_like(s);
   const int64_t T = s.size(1), rows = s.size(0) * T;
@@ -104,8 +119,7 @@ torch::Tensor causal_softmax_backward(const torch::Tensor& d_weights, const torc
   check_scores(weights, "weights");
   TORCH_CHECK(d_weights.sizes() == weights.sizes() && d_weights.scalar_type() == weights.scalar_type(),
               "causal_softmax_backward: d_weights must match weights in shape and dtype");
-  if (!native(weights))
-    return causal_softmax_backward(d_weights.to(torch::kFloat), weights.to(torch::kFloat), scale).to(weights.scalar_type());
+  if (!native(weights)) return causal_softmax_backward_ops(d_weights, weights, scale);
   auto w = weights.contiguous(), dw = d_weights.contiguous();
   auto ds = torch::empty_like(w);
   const int64_t T = w.size(1), rows = w.size(0) * T;

@@ -11,9 +11,9 @@
 
 namespace nanogpt::model {
 
-/// scores (g, T, T) on the CPU -> weights (g, T, T) in the same dtype: row i is softmax(scale *
-/// scores[i, 0..i]) followed by zeros for keys j > i (query i sees keys 0..i). fp32 and bf16 in one
-/// pass; other floating dtypes (fp16) through an fp32 copy.
+/// scores (g, T, T) -> weights (g, T, T) in the same dtype: row i is softmax(scale * scores[i, 0..i])
+/// followed by zeros for keys j > i (query i sees keys 0..i). fp32 and bf16 on the CPU in one pass;
+/// other devices (CUDA) and dtypes (fp16, fp64) as the same LibTorch ops the math path runs.
 torch::Tensor causal_softmax(const torch::Tensor& scores, double scale);
 
 /// The gradient of causal_softmax's input from its output `weights` and the gradient `d_weights`

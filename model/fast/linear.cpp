@@ -11,7 +11,7 @@
 
 // MKL's bf16 GEMM with an fp32 result (its documented CBLAS interface, LP64 integers). LibTorch's
 // x86 builds link MKL statically and export it; declared weak, so that a LibTorch without MKL (ARM,
-// some source builds) links all the same and mm_to_float falls back to at::mm.
+// some source builds) links all the same and mm_to_float falls back to an fp32 GEMM.
 extern "C" __attribute__((weak)) void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, int k,
                                                             float alpha, const uint16_t* a, int lda,
                                                             const uint16_t* b, int ldb, float beta, float* c,
@@ -35,7 +35,6 @@ std::optional<BlasOperand> blas_operand(const torch::Tensor& m) {
   if (m.stride(0) == 1 && m.stride(1) >= std::max<int64_t>(rows, 1)) return BlasOperand{112, m.stride(1)};
   return std::nullopt;
 }
-
 
 // y = x wᵀ + b computed as autocast's linear computes it on the CPU (x and w rounded to the autocast
 // dtype, the product in it, b added in it), as one autograd node; `wide` leaves the product and the
