@@ -2,9 +2,9 @@
 // The causal softmax (model/fast/causal_softmax.h) against LibTorch's softmax of the masked scores,
 // forward and backward. Chunked attention (model/fast/chunked_attention.h) against the math it
 // chunks: outputs and the gradients of q, k and v, with dropout (the same seed gives the same mask),
-// in fp32 and bf16, for chunk sizes that do and do not divide the (batch, head) pairs; and the
-// model's `auto` rule that picks it. The MLP's activation, recomputed from c_fc's output (model/mlp.h), against the MLP
-// evaluated with plain autograd. RoPE's rotation, whose backward rotates the gradient back, against
+// in fp32 and bf16, for chunk sizes that do and do not divide the (batch, head) pairs (and one chunk
+// that keeps its weights); and the model's `auto` rule that picks it. The MLP's activation,
+// recomputed from c_fc's output (model/mlp.h), against the MLP evaluated with plain autograd. RoPE's rotation, whose backward rotates the gradient back, against
 // the rotation written from its definition.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -47,7 +47,7 @@ torch::Tensor reference(const torch::Tensor& q, const torch::Tensor& k, const to
 // the masked keys exactly 0 and each row summing to 1. Backward: the gradient autograd takes
 // through that fp64 softmax, given the same weights and upstream gradient.
 TEST(CausalSoftmax, IsTheMaskedSoftmaxForwardAndBackward) {
-  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {  // fp16 goes through fp32
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {  // fp16: the LibTorch-ops path
     for (const int64_t T : {1, 7, 64}) {  // one key; a row shorter than a vector; the presets' T
       SCOPED_TRACE(std::string(c10::toString(dtype)) + " T=" + std::to_string(T));
       torch::manual_seed(T);
