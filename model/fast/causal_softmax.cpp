@@ -16,19 +16,9 @@ namespace {
 // One row's first n keys: w = softmax(scale * s), the rest of the row (T - n) zero. e is fp32 scratch.
 template <typename S>
 inline void softmax_row(const S* __restrict s, S* __restrict w, float* __restrict e, int64_t n, int64_t T, float scale) {
-  float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) {
-    e[j] = scale * load_float(s[j]);
-    m = e[j] > m ? e[j] : m;
-  }
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < n; ++j) {
-    e[j] = exp_nonpositive(e[j] - m);
-    sum += e[j];
-  }
-  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) e[j] = scale * load_float(s[j]);
+  const float inv = 1.0f / exp_shifted_sum(e, max_of(e, n), e, n);  // e = exp(e - max)
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) store_float(e[j] * inv, w + j);
   std::fill(w + n, w + T, S{});

@@ -20,23 +20,10 @@ namespace {
 
 constexpr int64_t kIgnoreIndex = -100;  // LibTorch's default ignore_index
 
-NANOGPT_SIMD_CLONES float max_of(const float* x, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
-
-// e[i] = exp(x[i] - m), returns their sum; e may be x.
-NANOGPT_SIMD_CLONES float exp_shifted_sum(const float* x, float m, float* e, int64_t n) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = exp_nonpositive(x[i] - m);
-    e[i] = v;
-    sum += v;
-  }
-  return sum;
+// simd.h's softmax passes, compiled into this file's clones (loss_rows itself is a template).
+NANOGPT_SIMD_CLONES float row_max(const float* x, int64_t n) { return max_of(x, n); }
+NANOGPT_SIMD_CLONES float row_exp_shifted_sum(const float* x, float m, float* e, int64_t n) {
+  return exp_shifted_sum(x, m, e, n);
 }
 
 NANOGPT_SIMD_CLONES void bf16_to_float(const uint16_t* in, float* out, int64_t n) {
@@ -90,8 +77,8 @@ void loss_rows(const T* logits, const int64_t* targets, int64_t V, float inv_cou
     }
     const float* x = load_row(logits + i * V, V, buf.data());
     const float x_t = x[t];                            // before buf turns into exponentials
-    const float m = max_of(x, V);                      // shift: exp never overflows
-    const float sum = exp_shifted_sum(x, m, buf.data(), V);  // buf = exp(x - m)
+    const float m = row_max(x, V);                         // shift: exp never overflows
+    const float sum = row_exp_shifted_sum(x, m, buf.data(), V);  // buf = exp(x - m)
     row_loss[i] = m + std::log(sum) - x_t;
     if (!grad_row) continue;
     const float scale = inv_count / sum;  // softmax / count in one multiply

@@ -39,16 +39,9 @@ template <typename T>
 __attribute__((always_inline)) inline void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
                                                                  float scale, float* __restrict p,
                                                                  float* __restrict o) {
-  float max_score = -INFINITY;
-#pragma omp simd reduction(max : max_score)
-  for (int64_t t = 0; t < Tk; ++t) {
-    p[t] *= scale;
-    max_score = p[t] > max_score ? p[t] : max_score;
-  }
-  float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-  for (int64_t t = 0; t < Tk; ++t) total += (p[t] = exp_nonpositive(p[t] - max_score));
-  const float inv_total = 1.0f / total;
+#pragma omp simd
+  for (int64_t t = 0; t < Tk; ++t) p[t] *= scale;
+  const float inv_total = 1.0f / exp_shifted_sum(p, max_of(p, Tk), p, Tk);  // p = exp(p - max)
   std::fill(o, o + hs, 0.0f);
   for (int64_t t = 0; t < Tk; ++t) {
     const float w = p[t] * inv_total;

@@ -99,5 +99,27 @@ inline float normal_cdf(float v) {
 /// The exact (erf) GELU, v Phi(v), as torch::gelu's default (accuracy: normal_cdf's).
 inline float gelu_erf(float v) { return v * normal_cdf(v); }
 
+/// A softmax's two passes over fp32 scores (the loss's rows, attention's rows), inlined into the
+/// caller's instruction-set clone. max_of: the largest of x[0..n) (-inf for n == 0; NaN entries are
+/// skipped, and exp_shifted_sum carries them).
+inline float max_of(const float* x, int64_t n) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+/// e[i] = exp(x[i] - m) for m >= every x[i], returns their sum; e may be x.
+inline float exp_shifted_sum(const float* x, float m, float* e, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = exp_nonpositive(x[i] - m);
+    e[i] = v;
+    sum += v;
+  }
+  return sum;
+}
+
 }  // namespace nanogpt::model
 
