@@ -51,8 +51,10 @@ void check(const SampleArgs& a) {
   if (a.max_new_tokens < 0) bad("--max_new_tokens must be >= 0");
   if (a.dtype != "auto" && a.dtype != "float32" && a.dtype != "bfloat16" && a.dtype != "float16")
     bad("--dtype (" + a.dtype + ") must be auto, float32, bfloat16 or float16");
-  if (a.quantize != "none" && a.quantize != "int8") bad("--quantize (" + a.quantize + ") must be none or int8");
-  if (a.quantize == "int8" && a.no_cache) bad("--quantize int8 runs in the decoder, which needs the KV cache: drop --no_cache");
+  if (a.quantize != "none" && a.quantize != "int8" && a.quantize != "int4")
+    bad("--quantize (" + a.quantize + ") must be none, int8 or int4");
+  if (a.quantize != "none" && a.no_cache)
+    bad("--quantize " + a.quantize + " runs in the decoder, which needs the KV cache: drop --no_cache");
   if (a.stream && a.batch) bad("--stream prints one sample at a time: drop --batch");
   if (a.beam < 0) bad("--beam must be >= 0 (0 = sample, 1 = greedy, K = beam search with K beams)");
   if (a.beam > 0 && (a.stream || a.batch || a.show_probs || a.no_cache))
@@ -118,6 +120,10 @@ struct SampleText {
   }
 };
 
+model::Quantize quantize_of(const std::string& name) {  // after check()
+  return name == "int8" ? model::Quantize::int8 : name == "int4" ? model::Quantize::int4 : model::Quantize::none;
+}
+
 // --beam=K: the K most probable continuations, best first, each with its log-probability.
 void run_beam(const SampleArgs& a, train::LoadedModel& loaded, const std::vector<int64_t>& prompt,
               const std::string& prompt_text) {
@@ -125,7 +131,7 @@ void run_beam(const SampleArgs& a, train::LoadedModel& loaded, const std::vector
   options.width = a.beam;
   options.length_normalize = a.length_norm;
   options.exact_window = a.exact_window;
-  options.int8 = a.quantize == "int8";
+  options.quantize = quantize_of(a.quantize);
   const size_t P = prompt.size();
   auto generated_text = [&](const std::vector<int64_t>& tokens) {
     SampleText text;
@@ -157,7 +163,7 @@ void run_sample(const SampleArgs& a) {
   options.top_p = a.top_p;
   options.use_cache = !a.no_cache;
   options.exact_window = a.exact_window;
-  options.int8 = a.quantize == "int8";
+  options.quantize = quantize_of(a.quantize);
   options.validate();
   runtime::set_threads(a.num_threads);
   const auto device = runtime::resolve_device(a.device);
@@ -214,7 +220,7 @@ void run_sample(const SampleArgs& a) {
   std::fprintf(stderr, "[sample] %lld tokens in %.2f s: %.0f tok/s (%s, %s, %s, %s)\n", static_cast<long long>(generated),
                seconds, generated / std::max(seconds, 1e-9), a.no_cache ? "no cache" : "KV cache",
                a.batch ? fmt::format("batch of {}", a.num_samples).c_str() : "one sample at a time",
-               device.str().c_str(), (dtype + (options.int8 ? ", int8 weights" : "")).c_str());
+               device.str().c_str(), (dtype + (a.quantize != "none" ? ", " + a.quantize + " weights" : "")).c_str());
 }
 
 }  // namespace
@@ -238,8 +244,9 @@ void add_sample_command(CLI::App& app) {
                   "device multiplies it in hardware, else float16 on a GPU and float32 on a CPU)")
       ->capture_default_str();
   cmd->add_option("--quantize", a->quantize,
-                  "none | int8: the weight matrices and their inputs in int8 (dynamic quantization), on the CPU; faster "
-                  "sampling, slightly less exact (BENCHMARKS.md)")
+                  "none | int8: the weight matrices and their inputs in int8 (dynamic quantization) | int4: the blocks' "
+                  "matrices in 4 bits (a scale and a minimum every 64 weights), their inputs in int8; on the CPU, "
+                  "faster sampling, slightly less exact (BENCHMARKS.md)")
       ->capture_default_str();
   cmd->add_option("--num_threads", a->num_threads, "CPU threads; 0 = all cores")->capture_default_str();
   cmd->add_option("--stop", a->stop, "End a sample right after this string (e.g. a blank line, or 。)");

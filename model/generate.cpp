@@ -45,17 +45,17 @@ class SamplingMode {
 // position on an empty cache); longer prefills take the general path.
 class ContextRunner {
  public:
-  ContextRunner(GPT& model, bool exact_window, bool fast_decoder, bool int8)
+  ContextRunner(GPT& model, bool exact_window, bool fast_decoder, Quantize quantize)
       : model_(model),
         cache_(model->make_cache()),
         block_(model->config().block_size),
         sliding_(!exact_window && model->config().pos_encoding == "rope"),
         fast_decoder_(fast_decoder),
-        int8_(int8) {
-    if (int8_ && !(fast_decoder_ && decoder_supports(*model_)))
+        quantize_(quantize) {
+    if (quantize_ != Quantize::none && !(fast_decoder_ && decoder_supports(*model_)))
       throw std::invalid_argument(
-          "[sample] int8 weights run in the CPU decoder: it needs the model on the CPU in float32 or bfloat16, the KV "
-          "cache and the decoder on");
+          "[sample] quantized weights run in the CPU decoder: it needs the model on the CPU in float32 or bfloat16, "
+          "the KV cache and the decoder on");
   }
 
   torch::Tensor next_logits(const torch::Tensor& seq, int64_t step) {
@@ -69,7 +69,7 @@ class ContextRunner {
       // Packed at the first one-token step, not before. A one-token prompt's first step is one:
       // through the general path it cost a full-preset model ~15 ms (autocast casting every weight
       // to bf16 for one position), a sample of 2,000 tokens ~3%.
-      if (fast_decoder_ && !decoder_ && decoder_supports(*model_)) decoder_ = std::make_unique<Decoder>(*model_, int8_);
+      if (fast_decoder_ && !decoder_ && decoder_supports(*model_)) decoder_ = std::make_unique<Decoder>(*model_, quantize_);
       fast_decoder_ = decoder_ != nullptr;
       logits = decoder_ ? decoder_->step(seq.select(1, total - 1), cache_)        // (B, V)
                         : model_->forward_cached(seq.narrow(1, total - 1, 1), cache_);
@@ -121,7 +121,7 @@ class ContextRunner {
   int64_t block_;
   bool sliding_;
   bool fast_decoder_;  // wanted, and not yet found unsupported
-  bool int8_;          // the decoder's matrices in int8
+  Quantize quantize_;  // the decoder's matrices
   bool primed_ = false;
 };
 
@@ -238,7 +238,8 @@ void SamplingOptions::validate() const {
     bad(fmt::format("temperature must be a number >= 0 (0 = greedy), got {}", temperature));
   if (top_k < 0) bad(fmt::format("top_k must be >= 0 (0 = off), got {}", top_k));
   if (!(top_p > 0.0 && top_p <= 1.0)) bad(fmt::format("top_p must be in (0, 1] (1 = off), got {}", top_p));
-  if (int8 && !use_cache) bad("int8 weights run in the decoder, which needs the KV cache: drop one of the two");
+  if (quantize != Quantize::none && !use_cache)
+    bad("quantized weights run in the decoder, which needs the KV cache: drop one of the two");
 }
 
 std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t batch,
@@ -256,7 +257,7 @@ std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t
     std::copy(prompt.begin(), prompt.end(), seq[b].data_ptr<int64_t>());
   auto on_device = seq.to(device);  // mirrors `seq`; new tokens are written into both
 
-  ContextRunner runner(model, options.exact_window, options.fast_decoder, options.int8);
+  ContextRunner runner(model, options.exact_window, options.fast_decoder, options.quantize);
   std::vector<int64_t> new_tokens(batch);
   int64_t total = P;
   for (int64_t step = 0; step < max_new_tokens; ++step, ++total) {
@@ -289,7 +290,7 @@ std::vector<Beam> beam_search(GPT& model, const std::vector<int64_t>& prompt, in
   c10::InferenceMode inference;
   SamplingMode sampling(model);
   const auto device = model->parameters().front().device();
-  ContextRunner runner(model, options.exact_window, options.fast_decoder, options.int8);
+  ContextRunner runner(model, options.exact_window, options.fast_decoder, options.quantize);
   std::vector<Beam> active{Beam{prompt, 0.0, 0}}, done;
   for (int64_t step = 0; step < max_new_tokens && !active.empty(); ++step) {
     const int64_t K = static_cast<int64_t>(active.size()), total = static_cast<int64_t>(active[0].tokens.size());

@@ -23,6 +23,7 @@
 #include <random>
 #include <vector>
 
+#include "model/fast/decoder.h"
 #include "model/gpt.h"
 
 namespace nanogpt::model {
@@ -34,11 +35,11 @@ struct SamplingOptions {
   bool use_cache = true;     // KV cache (fast) or full recompute (nanoGPT's sample.py)
   bool exact_window = false; // RoPE past block_size: recompute the last block_size tokens instead of sliding
   bool fast_decoder = true;  // one new token on the CPU in fp32: model/fast/decoder.h; false = the general path (the reference)
-  /// The decoder's matrices and their inputs in int8 (dynamic quantization, model/fast/decoder.h):
+  /// The decoder's matrices in int8 or int4 and their inputs in int8 (model/fast/decoder.h):
   /// faster, slightly less exact. Needs the decoder: the CPU, fp32 or bf16, the KV cache. The
   /// prompt's prefill, and with learned or sinusoidal positions every window past block_size, still
   /// run the general path.
-  bool int8 = false;
+  Quantize quantize = Quantize::none;
 
   /// Throws std::invalid_argument ("[sample] ...") naming the first bad field.
   void validate() const;
@@ -83,7 +84,7 @@ struct BeamOptions {
   bool length_normalize = false;  // rank finished beams by mean log-probability per token
   bool exact_window = false;      // as SamplingOptions::exact_window
   bool fast_decoder = true;       // as SamplingOptions::fast_decoder
-  bool int8 = false;              // as SamplingOptions::int8
+  Quantize quantize = Quantize::none;  // as SamplingOptions::quantize
 };
 
 /// Beam search: at every step each of the `width` best partial sequences is extended by every

@@ -13,7 +13,7 @@
 # poems CPU config against nanoGPT as it is and with the bf16 patch (TANG_ROUNDS alternating rounds of TANG_ITERS
 # iterations); then sampling the CPU-preset and the full-preset model, 2,000 new tokens, start-up
 # excluded (nanoGPT: the time for 2,000 tokens minus the time for 1; ours: the rate it prints for
-# its generation): ours in its default dtype (auto), in fp32 and with --quantize=int8 (opt-in),
+# its generation): ours in its default dtype (auto), in fp32 and with --quantize=int8 and int4 (opt-in),
 # nanoGPT's sample.py as it is (fp32 on a CPU) and with the bf16 patch's one-line change made to it,
 # SAMPLE_ROUNDS alternating rounds;
 # and the start-up of a sample (process start to its first output, and to the end), with the start-up
@@ -220,7 +220,8 @@ auto_dtype=$(build/nanogpt sample --out_dir="$work/ours_cpu" --num_samples=1 --m
 # every row alike; each cell is the median of the rounds, with their range.
 declare -A rates=()
 labels=("nanogpt-cpp, dtype auto ($auto_dtype)" "nanogpt-cpp, --dtype=float32" "nanoGPT sample.py (fp32)"
-        "nanoGPT sample.py + CPU bf16 autocast" "nanogpt-cpp, dtype auto, --quantize=int8 (opt-in)")
+        "nanoGPT sample.py + CPU bf16 autocast" "nanogpt-cpp, dtype auto, --quantize=int8 (opt-in)"
+        "nanogpt-cpp, dtype auto, --quantize=int4 (opt-in)")
 for round in $(seq "${SAMPLE_ROUNDS:-3}"); do
   echo "[bench] sampling, round $round"
   rates[0,small]+=" $(ours_rate "$work/ours_cpu" 2000)"
@@ -229,6 +230,8 @@ for round in $(seq "${SAMPLE_ROUNDS:-3}"); do
   rates[1,full]+=" $(ours_rate "$work/ours_full" "$full_new" --dtype=float32)"
   rates[4,small]+=" $(ours_rate "$work/ours_cpu" 2000 --quantize=int8)"
   rates[4,full]+=" $(ours_rate "$work/ours_full" "$full_new" --quantize=int8)"
+  rates[5,small]+=" $(ours_rate "$work/ours_cpu" 2000 --quantize=int4)"
+  rates[5,full]+=" $(ours_rate "$work/ours_full" "$full_new" --quantize=int4)"
   for i in 2 3; do
     script=sample.py
     [[ $i == 3 ]] && script=$work/sample_bf16.py
@@ -241,7 +244,7 @@ summary() {  # "r1 r2 ..." -> "median (min–max)", "-" if any round failed
   printf '%s\n' $1 | sort -g | awk '{ v[NR] = $1 } END { printf "%s (%s–%s)", v[int((NR + 1) / 2)], v[1], v[NR] }'
 }
 sample_rows=()
-for i in 0 1 2 3 4; do sample_rows+=("${labels[$i]} | $(summary "${rates[$i,small]}") | $(summary "${rates[$i,full]}")"); done
+for i in 0 1 2 3 4 5; do sample_rows+=("${labels[$i]} | $(summary "${rates[$i,small]}") | $(summary "${rates[$i,full]}")"); done
 
 # Start-up on its own, the median of 5 runs each: a sample of 1 token (the CPU-preset model, then the
 # full preset's with 43 MB of weights to read) from process start to its first output (the sample is

@@ -154,16 +154,19 @@ TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
   EXPECT_NE(fp32.err.find("cpu, float32)"), std::string::npos) << fp32.err;
   EXPECT_NE(bf16.err.find("cpu, bfloat16)"), std::string::npos) << bf16.err;
   expect_one_error_line(run(base + "--dtype=fp8", dir.path), "--dtype");
-  // --quantize int8: the summary line says so, a seed gives the same samples, beam search takes it
-  // too, and what cannot run the decoder is one error line.
-  auto int8 = run(base + "--seed=7 --quantize=int8", dir.path), int8_again = run(base + "--seed=7 --quantize=int8", dir.path);
-  ASSERT_EQ(int8.rc, 0) << int8.err;
-  EXPECT_EQ(int8.out, int8_again.out);
-  EXPECT_NE(int8.err.find("int8 weights)"), std::string::npos) << int8.err;
-  EXPECT_EQ(run(base + "--beam=2 --quantize=int8", dir.path).rc, 0);
-  expect_one_error_line(run(base + "--quantize=int4", dir.path), "--quantize");
-  expect_one_error_line(run(base + "--quantize=int8 --no_cache", dir.path), "--no_cache");
-  expect_one_error_line(run(base + "--quantize=int8 --dtype=float16", dir.path), "int8 weights run in the CPU decoder");
+  // --quantize int8 and int4: the summary line says so, a seed gives the same samples, beam search
+  // takes it too, and what cannot run the decoder is one error line.
+  for (const std::string q : {"int8", "int4"}) {
+    auto once = run(base + "--seed=7 --quantize=" + q, dir.path), again = run(base + "--seed=7 --quantize=" + q, dir.path);
+    ASSERT_EQ(once.rc, 0) << once.err;
+    EXPECT_EQ(once.out, again.out) << q;
+    EXPECT_NE(once.err.find(q + " weights)"), std::string::npos) << once.err;
+    EXPECT_EQ(run(base + "--beam=2 --quantize=" + q, dir.path).rc, 0) << q;
+    expect_one_error_line(run(base + "--quantize=" + q + " --no_cache", dir.path), "--no_cache");
+    expect_one_error_line(run(base + "--quantize=" + q + " --dtype=float16", dir.path),
+                          "quantized weights run in the CPU decoder");
+  }
+  expect_one_error_line(run(base + "--quantize=int2", dir.path), "--quantize");
   expect_one_error_line(run(base + "--beam=-1", dir.path), "--beam");
   expect_one_error_line(run(base + "--beam=2 --stream", dir.path), "--beam");
   auto stopped = run(base + "--seed=7 --stop=e --start=T --max_new_tokens=400 --temperature=1", dir.path);

@@ -2,8 +2,8 @@
 // (GPT::forward_cached): the same logits and the same cache across the architecture's switches,
 // batches of 1 and 3, past block_size with RoPE; the same tokens from generate and beam search
 // either way; under CPU bf16 autocast, as close to the fp32 model as the general path under
-// autocast; with int8 matrices, within a few percent; bad input rejected. And the matrix-vector
-// product on its own, in fp32, bf16 and int8.
+// autocast; with int8 or int4 matrices, within a few (int4: ten or so) percent; bad input
+// rejected. And the matrix-vector product on its own, in fp32, bf16, int8 and int4.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "model/fast/decode_attention.h"
 #include "model/fast/decoder.h"
 #include "model/fast/dot.h"
 #include "model/generate.h"
@@ -324,45 +325,211 @@ TEST(MatvecRows, Int8IsDynamicQuantizationSummedExactly) {
       }
 }
 
-// The decoder with int8 matrices against the fp32 model, every switch, with an fp32 and a bf16
-// cache: the logits differ (the quantization is real) by a few percent of their spread. These
-// random models' weights are Gaussian, the worst case for a row's scale; on a trained model the
-// loss moves by 0.0003 (BENCHMARKS.md).
-TEST(Decoder, Int8LogitsStayCloseToTheFp32Model) {
+// One token's attention over the cache, per head: softmax(q K^T / sqrt(hs)) V in fp64 from the
+// cache's own values (the new key and value written into their slot first; with a bf16 cache q
+// rounded to bf16 as the scores round it), for the head sizes with a register-held weighted sum of
+// the values (16, 32, 64, 128) and one without (12), MHA and GQA, a full ring and a short one.
+TEST(DecodeAttention, IsSoftmaxOfScoresTimesValues) {
+  torch::manual_seed(8);
+  for (int64_t hs : {12, 16, 32, 64, 128})
+    for (bool bf16 : {false, true})
+      for (auto [n_head, n_kv] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}})
+        for (int64_t pos : {5, 40}) {
+          const std::string what = "hs " + std::to_string(hs) + (bf16 ? ", bf16" : ", fp32") + ", heads " +
+                                   std::to_string(n_head) + "/" + std::to_string(n_kv) + ", pos " + std::to_string(pos);
+          const int64_t block = 32, Tk = std::min(pos + 1, block);
+          auto qkv = torch::randn({(n_head + 2 * n_kv) * hs}) * 2;
+          auto k = torch::randn({n_kv, block, hs}), v = torch::randn({n_kv, block, hs});
+          if (bf16) {
+            k = k.to(torch::kBFloat16);
+            v = v.to(torch::kBFloat16);
+          }
+          auto out = torch::empty({n_head * hs});
+          std::vector<float> scratch(decode_attention_scratch(block, hs));
+          if (bf16)
+            decode_attention_groups(qkv.data_ptr<float>(), reinterpret_cast<uint16_t*>(k.data_ptr()),
+                                    reinterpret_cast<uint16_t*>(v.data_ptr()), out.data_ptr<float>(), block, hs, pos,
+                                    n_head, n_kv, nullptr, nullptr, 0.0, 0, n_kv, scratch.data());
+          else
+            decode_attention_groups(qkv.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                    out.data_ptr<float>(), block, hs, pos, n_head, n_kv, nullptr, nullptr, 0.0, 0, n_kv,
+                                    scratch.data());
+          const int64_t slot = pos % block;
+          for (int64_t j = 0; j < n_kv; ++j) {  // the new key and value in their slot, in the cache's dtype
+            auto new_k = qkv.narrow(0, (n_head + j) * hs, hs), new_v = qkv.narrow(0, (n_head + n_kv + j) * hs, hs);
+            EXPECT_TRUE(k[j][slot].to(torch::kFloat).equal(new_k.to(k.scalar_type()).to(torch::kFloat))) << what;
+            EXPECT_TRUE(v[j][slot].to(torch::kFloat).equal(new_v.to(v.scalar_type()).to(torch::kFloat))) << what;
+          }
+          for (int64_t h = 0; h < n_head; ++h) {
+            const int64_t j = h / (n_head / n_kv);
+            auto q = qkv.narrow(0, h * hs, hs);
+            if (bf16) q = q.to(torch::kBFloat16);
+            auto keys = k[j].narrow(0, 0, Tk).to(torch::kDouble), values = v[j].narrow(0, 0, Tk).to(torch::kDouble);
+            auto weights = torch::softmax(keys.mv(q.to(torch::kDouble)) / std::sqrt(static_cast<double>(hs)), 0);
+            auto want = values.t().mv(weights);
+            auto got = out.narrow(0, h * hs, hs).to(torch::kDouble);
+            EXPECT_LE((got - want).abs().max().item<double>(), 1e-5 * values.abs().max().item<double>())
+                << what << ", head " << h;
+          }
+        }
+}
+
+// Int4 weights in groups: every weight within half a step of its group's range (plus bf16's rounding
+// of the step and the minimum) and the ends of each range kept; the product against the same
+// arithmetic in fp64 (x quantized as the int8 product's, times the stored weights d * u + m) to
+// fp32's rounding; rows outside [r0, r1) untouched; NaN in a weight or in x not hidden. ctest runs
+// it on each kernel the CPU has (NANOGPT_KERNELS): the VNNI kernel and the portable loops.
+TEST(MatvecRows, Int4IsGroupQuantizationSummedExactly) {
+  torch::manual_seed(7);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {5, 33}, {16, 64}, {37, 100}, {48, 384}, {9, 1536}})
+    for (int64_t B : {1, 3})
+      for (bool accumulate : {false, true}) {
+        const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + ", B " + std::to_string(B) +
+                                 (accumulate ? ", accumulating" : "");
+        const int64_t x_stride = cols + 3, y_stride = rows + 2;
+        // a whole tile's start; the end at the matrix's end or at a whole tile
+        const int64_t r0 = rows > kInt4Tile ? kInt4Tile : 0, r1 = rows == 48 ? 2 * kInt4Tile : rows;
+        auto w = torch::randn({rows, cols}) * 0.1 + 0.02;
+        if (rows > 2) w[2].fill_(0.5f);  // a constant row: step 0, every weight exact
+        std::vector<uint8_t> packed(int4_bytes(rows, cols));
+        quantize_int4(w.data_ptr<float>(), rows, cols, packed.data());
+        const Int4Tiles tiles{packed.data(), rows, cols};
+        auto stored = torch::empty({rows, cols}, torch::kDouble);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) stored[r][c] = int4_weight(tiles, r, c);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t g = 0; g * kInt4Group < cols; ++g) {
+            const int64_t n = std::min(kInt4Group, cols - g * kInt4Group);
+            auto group = w[r].narrow(0, g * kInt4Group, n).to(torch::kDouble);
+            auto kept = stored[r].narrow(0, g * kInt4Group, n);
+            const double lo = group.min().item<double>(), hi = group.max().item<double>(), step = (hi - lo) / 15;
+            const double bound = 0.5 * step * 1.01 + (std::abs(lo) + 15 * step) / 256;  // bf16: 8 bits
+            EXPECT_LE((kept - group).abs().max().item<double>(), bound) << what << ", row " << r << " group " << g;
+            if (step > 0) {  // the range's ends are the 0th and 15th steps
+              EXPECT_LE(std::abs(kept.min().item<double>() - lo), std::abs(lo) / 256 + 1e-12) << what;
+              EXPECT_LE(std::abs(kept.max().item<double>() - hi), 0.5 * step) << what;
+            }
+          }
+        if (rows > 2) {
+          EXPECT_TRUE(stored[2].eq(0.5).all().item<bool>()) << what;
+        }
+
+        auto x = torch::randn({B, x_stride});
+        auto y = torch::randn({B, y_stride});
+        auto y0 = y.clone();
+        matvec_rows(tiles, x.data_ptr<float>(), x_stride, B, r0, r1, y.data_ptr<float>(), y_stride, accumulate);
+        auto xs = x.narrow(1, 0, cols);
+        auto x_scale = xs.abs().amax(1, true) / 127;          // (B, 1) fp32, as the kernel computes it
+        auto xq = (xs / x_scale).round().to(torch::kDouble);  // round half to even, as nearbyint
+        auto before = accumulate ? y0.narrow(1, r0, r1 - r0).to(torch::kDouble)
+                                 : torch::zeros({B, r1 - r0}, torch::kDouble);
+        auto w_rows = stored.narrow(0, r0, r1 - r0);
+        auto products = xq.mm(w_rows.t()) * x_scale.to(torch::kDouble);
+        auto want = before + products;
+        auto magnitude = before.abs() + xq.abs().mm(w_rows.abs().t()) * x_scale.to(torch::kDouble) + 1e-30;
+        auto got = y.narrow(1, r0, r1 - r0).to(torch::kDouble);
+        EXPECT_LE(((got - want).abs() - 1e-6 * magnitude).max().item<double>(), 0.0) << what;
+        EXPECT_TRUE(y.narrow(1, 0, r0).equal(y0.narrow(1, 0, r0))) << what;
+        EXPECT_TRUE(y.narrow(1, r1, y_stride - r1).equal(y0.narrow(1, r1, y_stride - r1))) << what;
+        if (cols >= 33) {  // the test can tell: x not quantized lands outside the tolerance
+          auto unquantized = before + xs.to(torch::kDouble).mm(w_rows.t());
+          EXPECT_GT(((unquantized - want).abs() - 1e-6 * magnitude).max().item<double>(), 0.0) << what;
+        }
+        if (rows > 2) {  // a damaged weight is not hidden: its row's products are NaN, the others not
+          auto damaged = w.clone();
+          damaged[r0 + 1][cols - 1] = std::numeric_limits<float>::infinity();
+          quantize_int4(damaged.data_ptr<float>(), rows, cols, packed.data());
+          matvec_rows(tiles, x.data_ptr<float>(), x_stride, B, r0, r1, y.data_ptr<float>(), y_stride, false);
+          EXPECT_TRUE(torch::isnan(y.select(1, r0 + 1)).all().item<bool>()) << what;
+          EXPECT_TRUE(torch::isfinite(y.narrow(1, r0 + 2, r1 - r0 - 2)).all().item<bool>()) << what;
+          quantize_int4(w.data_ptr<float>(), rows, cols, packed.data());
+        }
+        x[B - 1][cols - 1] = std::numeric_limits<float>::quiet_NaN();  // a non-finite input is not hidden
+        matvec_rows(tiles, x.data_ptr<float>(), x_stride, B, r0, r1, y.data_ptr<float>(), y_stride, false);
+        EXPECT_TRUE(torch::isnan(y[B - 1].narrow(0, r0, r1 - r0)).all().item<bool>()) << what;
+        if (B > 1) {
+          EXPECT_TRUE(torch::isfinite(y[0].narrow(0, r0, r1 - r0)).all().item<bool>()) << what;
+        }
+      }
+}
+
+// `model`'s weight matrices replaced by the values a quantized decoder stores for them: with int8
+// every matrix (its rows' int8 values), with int4 the blocks' matrices in int4 and the embeddings
+// and the head in int8.
+void store_quantized(GPT& model, Quantize quantize) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->named_parameters()) {
+    auto& w = p.value();
+    if (w.dim() != 2) continue;  // the norms' weights and the biases stay fp32
+    const bool in_block = p.key().rfind("h.", 0) == 0;
+    const int64_t rows = w.size(0), cols = w.size(1);
+    auto values = w.contiguous();
+    if (quantize == Quantize::int4 && in_block) {
+      std::vector<uint8_t> packed(int4_bytes(rows, cols));
+      quantize_int4(values.data_ptr<float>(), rows, cols, packed.data());
+      auto out = torch::empty({rows, cols});
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) out[r][c] = int4_weight(Int4Tiles{packed.data(), rows, cols}, r, c);
+      w.copy_(out);
+    } else {
+      auto q = torch::empty({rows, cols}, torch::kByte);
+      auto scale = torch::empty({rows});
+      quantize_rows_int8(values.data_ptr<float>(), rows, cols, q.data_ptr<uint8_t>(), scale.data_ptr<float>());
+      w.copy_((q.to(torch::kFloat) - 128) * scale.unsqueeze(1));
+    }
+  }
+}
+
+// The decoder with int8 or int4 matrices against the fp32 model, every switch, with an fp32 and a
+// bf16 cache: the logits differ (the quantization is real) by a few percent of their spread for
+// int8, more for int4 (these random models' weights are Gaussian, the worst case for a scale shared
+// by a row or a group; BENCHMARKS.md measures what each costs a trained model's loss). Against the
+// model holding the stored weights, what is left is the inputs' int8 rounding: the wiring is right.
+TEST(Decoder, QuantizedLogitsStayCloseToTheFp32Model) {
   c10::InferenceMode inference;
+  for (Quantize quantize : {Quantize::int8, Quantize::int4})
   for (bool autocast_on : {false, true})
     for (const auto& [name, tweak] : variants()) {
-      const std::string what = name + (autocast_on ? ", bf16 cache" : ", fp32 cache");
+      const bool int4 = quantize == Quantize::int4;
+      const std::string what =
+          name + (autocast_on ? ", bf16 cache" : ", fp32 cache") + (int4 ? ", int4" : ", int8");
       ModelConfig c = tiny_config();
       tweak(c);
-      GPT model = perturbed_model(c);
+      GPT model = perturbed_model(c), stored = perturbed_model(c);
+      store_quantized(stored, quantize);
       std::unique_ptr<Decoder> decoder;
       {
         nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, autocast_on);
-        decoder = std::make_unique<Decoder>(*model, /*int8=*/true);
+        decoder = std::make_unique<Decoder>(*model, quantize);
       }
-      ASSERT_TRUE(decoder->int8_weights()) << what;
+      ASSERT_EQ(decoder->quantize(), quantize) << what;
       ASSERT_FALSE(decoder->bf16_weights()) << what;
-      const int64_t B = 2, prompt = 3, steps = c.pos_encoding == "rope" ? 2 * c.block_size : c.block_size - prompt;
+      // Every position through the decoder (a one-token prompt's way): a prefill by the general path
+      // would put the fp32 weights' keys and values in its cache.
+      const int64_t B = 2, steps = c.pos_encoding == "rope" ? 2 * c.block_size : c.block_size;
       torch::manual_seed(12);
-      auto tokens = torch::randint(c.vocab_size, {B, prompt + steps}, torch::kLong);
-      KVCache exact = model->make_cache(), fast = model->make_cache();
-      model->forward_cached(tokens.narrow(1, 0, prompt), exact);
-      model->forward_cached(tokens.narrow(1, 0, prompt), fast);
-      double error = 0.0, spread = 0.0;  // sums of squares
+      auto tokens = torch::randint(c.vocab_size, {B, steps}, torch::kLong);
+      KVCache exact = model->make_cache(), as_stored = stored->make_cache(), fast = model->make_cache();
+      double error = 0.0, spread = 0.0, stored_error = 0.0, stored_spread = 0.0;  // sums of squares
       for (int64_t s = 0; s < steps; ++s) {
-        auto next = tokens.select(1, prompt + s);
+        auto next = tokens.select(1, s);
         auto want = model->forward_cached(next.unsqueeze(1), exact).to(torch::kDouble);  // (B, V)
+        auto want_stored = stored->forward_cached(next.unsqueeze(1), as_stored).to(torch::kDouble);
         at::set_num_threads(2);
         auto got = decoder->step(next, fast).to(torch::kDouble);
         at::set_num_threads(1);
         error += (got - want).square().sum().item<double>();
         spread += (want - want.mean(1, true)).square().sum().item<double>();
+        stored_error += (got - want_stored).square().sum().item<double>();
+        stored_spread += (want_stored - want_stored.mean(1, true)).square().sum().item<double>();
       }
-      const double relative = std::sqrt(error / spread);
-      EXPECT_GT(relative, 1e-4) << what << ": int8 changes the logits";
-      // Measured: 0.013-0.032 over the variants, 0.062-0.065 for "wide" (128 columns a row).
-      EXPECT_LE(relative, 0.1) << what << ": root mean square error over the logits' spread";
+      const double relative = std::sqrt(error / spread), relative_stored = std::sqrt(stored_error / stored_spread);
+      EXPECT_GT(relative, 1e-4) << what << ": quantizing changes the logits";
+      // Measured, int8: 0.015-0.036 over the variants, 0.061-0.065 for "wide" (128 columns a row);
+      // int4: 0.11-0.31, "wide" 0.38.
+      EXPECT_LE(relative, int4 ? 0.5 : 0.1) << what << ": root mean square error over the logits' spread";
+      // Measured: 0.010-0.028, "wide" 0.043-0.055, either way.
+      EXPECT_LE(relative_stored, 0.08) << what << ": against the model holding the stored weights";
     }
 }
 

@@ -32,11 +32,12 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double sample_rate(model::GPT& model, int64_t batch, int64_t tokens, bool cache, bool int8 = false) {
+double sample_rate(model::GPT& model, int64_t batch, int64_t tokens, bool cache,
+                   model::Quantize quantize = model::Quantize::none) {
   model::SamplingOptions o;
   o.temperature = 1.0;
   o.use_cache = cache;
-  o.int8 = int8;
+  o.quantize = quantize;
   std::mt19937_64 rng(1);
   model::generate(model, {0}, batch, std::min<int64_t>(tokens, 20), o, rng);  // warm-up
   const auto t0 = Clock::now();
@@ -136,7 +137,10 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
     r.sample_tok_s_nocache = sample_rate(model, 1, options.sample_tokens, false);
     r.sample_batch = options.sample_batch;
     r.sample_tok_s_batch = sample_rate(model, options.sample_batch, options.sample_tokens, true);
-    if (device.is_cpu()) r.sample_tok_s_int8 = sample_rate(model, 1, options.sample_tokens, true, /*int8=*/true);
+    if (device.is_cpu()) {
+      r.sample_tok_s_int8 = sample_rate(model, 1, options.sample_tokens, true, model::Quantize::int8);
+      r.sample_tok_s_int4 = sample_rate(model, 1, options.sample_tokens, true, model::Quantize::int4);
+    }
   }
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
@@ -154,7 +158,9 @@ std::string BenchReport::table() const {
   if (sample_batch > 0)
     o += fmt::format("  sampling: {:.0f} tok/s with KV cache | {:.0f} tok/s without | {:.0f} tok/s batch of {}{}\n",
                      sample_tok_s_cache, sample_tok_s_nocache, sample_tok_s_batch, sample_batch,
-                     sample_tok_s_int8 > 0 ? fmt::format(" | {:.0f} tok/s int8 weights", sample_tok_s_int8) : "");
+                     sample_tok_s_int8 > 0 ? fmt::format(" | {:.0f} tok/s int8 weights | {:.0f} tok/s int4 weights",
+                                                         sample_tok_s_int8, sample_tok_s_int4)
+                                           : "");
   o += fmt::format("  peak RSS: {:.0f} MB\n", peak_rss_mb);
   return o;
 }
@@ -177,7 +183,8 @@ std::string BenchReport::json() const {
         {"tokens_per_sec", tokens_per_sec}, {"mfu", mfu}, {"final_loss", final_loss}}},
       {"sample",
        {{"tok_s_kv_cache", sample_tok_s_cache}, {"tok_s_no_cache", sample_tok_s_nocache},
-        {"tok_s_batch", sample_tok_s_batch}, {"batch", sample_batch}, {"tok_s_int8", sample_tok_s_int8}}},
+        {"tok_s_batch", sample_tok_s_batch}, {"batch", sample_batch}, {"tok_s_int8", sample_tok_s_int8},
+        {"tok_s_int4", sample_tok_s_int4}}},
       {"peak_rss_mb", peak_rss_mb},
   };
   return report.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";

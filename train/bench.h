@@ -37,6 +37,7 @@ struct BenchReport {
   double final_loss = 0;            // loss of the last timed step (sanity: finite, falling)
   double sample_tok_s_cache = 0, sample_tok_s_nocache = 0, sample_tok_s_batch = 0;
   double sample_tok_s_int8 = 0;     // one sample with --quantize int8 (CPU only; 0 elsewhere)
+  double sample_tok_s_int4 = 0;     // the same with --quantize int4
   int64_t sample_batch = 0;
   double peak_rss_mb = 0;
 

@@ -5,7 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "model/fast/dot.h"
 #include "model/fast/rope.h"
@@ -35,6 +40,64 @@ void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, 
 
 // p[t] = softmax(p · scale)[t] and o = Σ_t p[t] v_t over Tk values (Tk, hs), fp32 or bf16 (raw
 // bits), in fp32.
+#if defined(__x86_64__) && defined(__GNUC__)
+// 16 values from p as fp32: fp32, or bf16 (raw bits, widened exactly). (The all-ones masked forms:
+// GCC 12's bug 105593, as decoder.cpp.)
+__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const uint16_t* p) {
+  constexpr __mmask16 all = 0xFFFF;
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, bits), 16));
+}
+
+// o = Σ_t w[t] v_t for hs = 16 NV, the sums held in registers (two sets, even and odd t: two
+// independent chains of adds). The plain loop below kept them in memory: every o[d] stored and
+// loaded again for each key.
+template <int NV, typename T>
+__attribute__((target("avx512f"))) void weighted_values(const T* __restrict values, int64_t Tk, const float* w,
+                                                        float* __restrict o) {
+  constexpr int64_t hs = 16 * NV;
+  __m512 even[NV], odd[NV];
+  for (int k = 0; k < NV; ++k) even[k] = odd[k] = _mm512_setzero_ps();
+  int64_t t = 0;
+  for (; t + 2 <= Tk; t += 2) {
+    const T* v = values + t * hs;
+    const __m512 w0 = _mm512_set1_ps(w[t]), w1 = _mm512_set1_ps(w[t + 1]);
+    for (int k = 0; k < NV; ++k) {
+      even[k] = _mm512_fmadd_ps(w0, load16(v + 16 * k), even[k]);
+      odd[k] = _mm512_fmadd_ps(w1, load16(v + hs + 16 * k), odd[k]);
+    }
+  }
+  if (t < Tk)
+    for (int k = 0; k < NV; ++k) even[k] = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), load16(values + t * hs + 16 * k), even[k]);
+  for (int k = 0; k < NV; ++k) _mm512_storeu_ps(o + 16 * k, _mm512_add_ps(even[k], odd[k]));
+}
+
+bool has_avx512f() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return yes;
+}
+
+// Whether o = Σ_t w[t] v_t was computed here: AVX-512 and a head size of 16, 32, 64 or 128.
+template <typename T>
+bool weighted_values_avx512(const T* values, int64_t Tk, int64_t hs, const float* w, float* o) {
+  if (!has_avx512f()) return false;
+  switch (hs) {
+    case 16: weighted_values<1>(values, Tk, w, o); return true;
+    case 32: weighted_values<2>(values, Tk, w, o); return true;
+    case 64: weighted_values<4>(values, Tk, w, o); return true;
+    case 128: weighted_values<8>(values, Tk, w, o); return true;
+    default: return false;
+  }
+}
+#else
+template <typename T>
+bool weighted_values_avx512(const T*, int64_t, int64_t, const float*, float*) { return false; }
+#endif
+
 template <typename T>
 __attribute__((always_inline)) inline void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
                                                                  float scale, float* __restrict p,
@@ -42,11 +105,13 @@ __attribute__((always_inline)) inline void attend_softmax_values(const T* __rest
 #pragma omp simd
   for (int64_t t = 0; t < Tk; ++t) p[t] *= scale;
   const float inv_total = 1.0f / exp_shifted_sum(p, max_of(p, Tk), p, Tk);  // p = exp(p - max)
+#pragma omp simd
+  for (int64_t t = 0; t < Tk; ++t) p[t] *= inv_total;  // the weights
+  if (weighted_values_avx512(values, Tk, hs, p, o)) return;
   std::fill(o, o + hs, 0.0f);
   for (int64_t t = 0; t < Tk; ++t) {
-    const float w = p[t] * inv_total;
     const T* v = values + t * hs;
-    for (int64_t d = 0; d < hs; ++d) o[d] += w * load_float(v[d]);
+    for (int64_t d = 0; d < hs; ++d) o[d] += p[t] * load_float(v[d]);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -427,7 +428,7 @@ void matvec_rows_int8_vnni(const Int8Rows& w, const int8_t* __restrict xq, const
 // product's input itself, so these loops run 24 times a token per thread on the full-preset model:
 // as scalar code (nearbyintf through the PLT, no vector max) they took 13% of a token's time.
 NANOGPT_SIMD_CLONES
-float quantize_row_int8(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
+float quantize_row_int8_portable(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
   float amax = 0.0f, nonfinite = 0.0f;  // nonfinite: x - x summed, NaN once any x is NaN or inf
 #pragma omp simd reduction(max : amax) reduction(+ : nonfinite)
   for (int64_t i = 0; i < cols; ++i) {
@@ -449,6 +450,66 @@ float quantize_row_int8(const float* __restrict x, int64_t cols, int8_t* __restr
   }
   *sum = total;
   return s;
+}
+
+#if NANOGPT_X86_INTRINSICS
+// The same with AVX-512 intrinsics, the same bits (IEEE division, round to nearest even, the same
+// clamp): GCC vectorised the portable loop's int8 stores at 128 bits, with blends, at ~4x the
+// instructions.
+__attribute__((target("avx512f")))
+float quantize_row_int8_avx512(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
+  // (The all-ones masked forms, and the lanes reduced through memory: GCC 12's bug 105593.)
+  constexpr __mmask16 all = 0xFFFF;
+  const int64_t full = cols - cols % 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (cols - full)) - 1);
+  __m512 amax = _mm512_setzero_ps(), nonfinite = _mm512_setzero_ps();
+  for (int64_t i = 0; i <= full; i += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(i < full ? all : tail, x + i);
+    amax = _mm512_maskz_max_ps(all, amax, _mm512_abs_ps(v));
+    nonfinite = _mm512_maskz_add_ps(all, nonfinite, _mm512_maskz_sub_ps(all, v, v));
+  }
+  alignas(64) float lanes[16], holes[16];
+  _mm512_store_ps(lanes, amax);
+  _mm512_store_ps(holes, nonfinite);
+  float m = 0.0f, bad = 0.0f;
+  for (int k = 0; k < 16; ++k) {
+    m = std::max(m, lanes[k]);
+    bad += holes[k];
+  }
+  if (bad != 0.0f) {  // NaN compares unequal
+    std::fill(xq, xq + cols, int8_t{0});
+    *sum = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = m > 0.0f ? m / 127.0f : 1.0f;
+  const __m512 sv = _mm512_set1_ps(s), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+  __m512i total = _mm512_setzero_si512();
+  for (int64_t i = 0; i <= full; i += 16) {
+    const __mmask16 k = i < full ? all : tail;
+    if (!k) break;
+    const __m512 v = _mm512_maskz_roundscale_ps(all, _mm512_maskz_div_ps(all, _mm512_maskz_loadu_ps(k, x + i), sv),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i q =
+        _mm512_maskz_cvttps_epi32(all, _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, v, lo), hi));
+    _mm512_mask_cvtepi32_storeu_epi8(xq + i, k, q);
+    total = _mm512_add_epi32(total, q);
+  }
+  alignas(64) int32_t parts[16];
+  _mm512_store_si512(parts, total);
+  int32_t t = 0;
+  for (int k = 0; k < 16; ++k) t += parts[k];
+  *sum = t;
+  return s;
+}
+#endif
+
+// x (cols) -> xq and its scale, as quantize_row_int8_portable says: the AVX-512 version unless
+// NANOGPT_KERNELS=portable.
+float quantize_row_int8(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
+#if NANOGPT_X86_INTRINSICS
+  if (kernels() != Kernels::portable) return quantize_row_int8_avx512(x, cols, xq, sum);
+#endif
+  return quantize_row_int8_portable(x, cols, xq, sum);
 }
 
 }  // namespace
@@ -476,6 +537,186 @@ void matvec_rows(const Int8Rows& w, const float* __restrict x, int64_t x_stride,
     return matvec_rows_int8_vnni(w, xq.data(), xs.data(), xsum.data(), B, cols, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_rows_int8_portable(w, xq.data(), xs.data(), xsum.data(), B, cols, r0, r1, y, y_stride, accumulate);
+}
+
+namespace {
+
+constexpr int64_t kInt4Chunks = kInt4Group / 8;          // 64-byte chunks of nibbles a group of a tile
+constexpr int64_t kInt4GroupBytes = kInt4Chunks * 64 + 64;  // the chunks, then 16 d's and 16 m's in bf16
+int64_t int4_groups(int64_t cols) { return (cols + kInt4Group - 1) / kInt4Group; }
+
+// Each row of x (B of them, x_stride apart) as the int4 product takes it: xq (B, groups * kInt4Group)
+// int8, zeros past cols; s[b] its scale; gsum (B, groups) Σ x_q of each group, as float (exact: at
+// most 127 * kInt4Group).
+void quantize_rows_for_int4(const float* x, int64_t x_stride, int64_t B, int64_t cols, std::vector<int8_t>& xq,
+                            std::vector<float>& s, std::vector<float>& gsum) {
+  const int64_t groups = int4_groups(cols), padded = groups * kInt4Group;
+  xq.assign(B * padded, int8_t{0});
+  s.resize(B);
+  gsum.resize(B * groups);
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t total = 0;
+    int8_t* q = xq.data() + b * padded;
+    s[b] = quantize_row_int8(x + b * x_stride, cols, q, &total);
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t sum = 0;
+      for (int64_t i = g * kInt4Group; i < (g + 1) * kInt4Group; ++i) sum += q[i];
+      gsum[b * groups + g] = static_cast<float>(sum);
+    }
+  }
+}
+
+// The tile's 16 output rows from their fp32 sums, scaled by s, stored (or added) into y for the rows
+// below r1.
+inline void store_tile(const float (&acc)[kInt4Tile], float s, int64_t row0, int64_t r1, float* y, bool accumulate) {
+  for (int64_t j = 0; j < kInt4Tile && row0 + j < r1; ++j) {
+    const float v = acc[j] * s;
+    y[row0 + j] = accumulate ? y[row0 + j] + v : v;
+  }
+}
+
+// The portable loops: the same integer sums (exact, so in any order) and the same fp32 fused
+// multiply-adds in the same order as the VNNI kernel, so the same bits.
+NANOGPT_SIMD_CLONES
+void matvec_rows_int4_portable(const Int4Tiles& w, const int8_t* __restrict xq, const float* s, const float* gsum,
+                               int64_t B, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
+                               bool accumulate) {
+  const int64_t groups = int4_groups(w.cols), padded = groups * kInt4Group;
+  for (int64_t row0 = r0; row0 < r1; row0 += kInt4Tile) {
+    const uint8_t* tile = w.data + row0 / kInt4Tile * groups * kInt4GroupBytes;
+    for (int64_t b = 0; b < B; ++b) {
+      float acc[kInt4Tile] = {};
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* p = tile + g * kInt4GroupBytes;
+        const int8_t* xg = xq + b * padded + g * kInt4Group;
+        int32_t sum[kInt4Tile] = {};
+        for (int64_t c = 0; c < kInt4Chunks; ++c)
+          for (int64_t j = 0; j < kInt4Tile; ++j)
+            for (int64_t i = 0; i < 4; ++i) {
+              const int32_t byte = p[c * 64 + 4 * j + i];
+              sum[j] += (byte & 15) * int32_t{xg[8 * c + i]} + (byte >> 4) * int32_t{xg[8 * c + 4 + i]};
+            }
+        uint16_t scale[2 * kInt4Tile];
+        std::memcpy(scale, p + kInt4Chunks * 64, sizeof scale);
+        const float gs = gsum[b * groups + g];
+        for (int64_t j = 0; j < kInt4Tile; ++j) {
+          acc[j] = std::fma(static_cast<float>(sum[j]), bf16_bits_to_float(scale[j]), acc[j]);
+          acc[j] = std::fma(bf16_bits_to_float(scale[kInt4Tile + j]), gs, acc[j]);
+        }
+      }
+      store_tile(acc, s[b], row0, r1, y + b * y_stride, accumulate);
+    }
+  }
+}
+
+#if NANOGPT_X86_INTRINSICS
+// Four bytes of x in every lane.
+__attribute__((target("avx512f"), always_inline)) inline __m512i x4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+// 16 bf16 (raw bits) widened to fp32. (The all-ones masked forms: GCC 12's bug 105593, as sum_lanes.)
+__attribute__((target("avx512f"), always_inline)) inline __m512 bf16x16(const uint8_t* p) {
+  constexpr __mmask16 all = 0xFFFF;
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, bits), 16));
+}
+
+// VPDPBUSD on the nibble planes: each 64-byte chunk is 16 rows x 8 columns; its low nibbles (masked)
+// and its high ones (shifted down 4, masked) each multiply four broadcast bytes of x, every lane a
+// row, so no lanes are summed across at the end. Two chunks at a time into four independent sums.
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void matvec_rows_int4_vnni(const Int4Tiles& w, const int8_t* __restrict xq, const float* s, const float* gsum,
+                           int64_t B, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+  static_assert(kInt4Chunks % 2 == 0, "two chunks a step");
+  const int64_t groups = int4_groups(w.cols), padded = groups * kInt4Group;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t row0 = r0; row0 < r1; row0 += kInt4Tile) {
+    const uint8_t* tile = w.data + row0 / kInt4Tile * groups * kInt4GroupBytes;
+    for (int64_t b = 0; b < B; ++b) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* p = tile + g * kInt4GroupBytes;
+        const int8_t* xg = xq + b * padded + g * kInt4Group;
+        __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512(), a2 = _mm512_setzero_si512(),
+                a3 = _mm512_setzero_si512();
+        for (int64_t c = 0; c < kInt4Chunks; c += 2) {
+          const __m512i v0 = _mm512_loadu_si512(p + c * 64), v1 = _mm512_loadu_si512(p + c * 64 + 64);
+          a0 = _mm512_dpbusd_epi32(a0, _mm512_and_si512(v0, nibble), x4(xg + 8 * c));
+          a1 = _mm512_dpbusd_epi32(a1, _mm512_and_si512(_mm512_srli_epi16(v0, 4), nibble), x4(xg + 8 * c + 4));
+          a2 = _mm512_dpbusd_epi32(a2, _mm512_and_si512(v1, nibble), x4(xg + 8 * c + 8));
+          a3 = _mm512_dpbusd_epi32(a3, _mm512_and_si512(_mm512_srli_epi16(v1, 4), nibble), x4(xg + 8 * c + 12));
+        }
+        const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
+        const uint8_t* scale = p + kInt4Chunks * 64;
+        acc = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, sum), bf16x16(scale), acc);
+        acc = _mm512_fmadd_ps(bf16x16(scale + 32), _mm512_set1_ps(gsum[b * groups + g]), acc);
+      }
+      alignas(64) float out[kInt4Tile];
+      _mm512_store_ps(out, acc);
+      store_tile(out, s[b], row0, r1, y + b * y_stride, accumulate);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+int64_t int4_bytes(int64_t rows, int64_t cols) {
+  return (rows + kInt4Tile - 1) / kInt4Tile * int4_groups(cols) * kInt4GroupBytes;
+}
+
+void quantize_int4(const float* w, int64_t rows, int64_t cols, uint8_t* out) {
+  const int64_t groups = int4_groups(cols);
+  std::memset(out, 0, static_cast<size_t>(int4_bytes(rows, cols)));  // padding rows: u = 0, d = m = 0
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t k0 = g * kInt4Group, k1 = std::min(cols, k0 + kInt4Group);
+      float lo = w[r * cols + k0], hi = lo, nonfinite = 0.0f;
+      for (int64_t k = k0; k < k1; ++k) {
+        lo = std::min(lo, w[r * cols + k]);
+        hi = std::max(hi, w[r * cols + k]);
+        nonfinite += w[r * cols + k] - w[r * cols + k];  // NaN once any weight is NaN or inf
+      }
+      uint8_t* p = out + (r / kInt4Tile * groups + g) * kInt4GroupBytes;
+      const int64_t j = r % kInt4Tile;
+      const uint16_t d_bits = float_to_bf16_bits(nonfinite != 0.0f ? std::numeric_limits<float>::quiet_NaN()
+                                                                  : (hi - lo) / 15.0f);
+      const uint16_t m_bits = float_to_bf16_bits(nonfinite != 0.0f ? 0.0f : lo);
+      std::memcpy(p + kInt4Chunks * 64 + 2 * j, &d_bits, 2);
+      std::memcpy(p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), &m_bits, 2);
+      const float d = bf16_bits_to_float(d_bits), m = bf16_bits_to_float(m_bits);
+      for (int64_t k = k0; k < k1; ++k) {  // the nearest step to each weight, from the rounded d and m
+        const float v = d > 0.0f ? std::nearbyint((w[r * cols + k] - m) / d) : 0.0f;
+        const auto u = static_cast<uint8_t>(v > 15.0f ? 15.0f : v > 0.0f ? v : 0.0f);  // (NaN: 0)
+        const int64_t c = (k - k0) / 8, i = (k - k0) % 8;
+        p[c * 64 + 4 * j + i % 4] |= static_cast<uint8_t>(i < 4 ? u : u << 4);
+      }
+    }
+}
+
+float int4_weight(const Int4Tiles& w, int64_t r, int64_t c) {
+  const int64_t groups = int4_groups(w.cols), g = c / kInt4Group, j = r % kInt4Tile, i = c % kInt4Group % 8;
+  const uint8_t* p = w.data + (r / kInt4Tile * groups + g) * kInt4GroupBytes;
+  const uint8_t byte = p[c % kInt4Group / 8 * 64 + 4 * j + i % 4];
+  uint16_t d, m;
+  std::memcpy(&d, p + kInt4Chunks * 64 + 2 * j, 2);
+  std::memcpy(&m, p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), 2);
+  const int u = i < 4 ? byte & 15 : byte >> 4;
+  return std::fma(bf16_bits_to_float(d), static_cast<float>(u), bf16_bits_to_float(m));
+}
+
+void matvec_rows(const Int4Tiles& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
+                 float* __restrict y, int64_t y_stride, bool accumulate) {
+  thread_local std::vector<int8_t> xq;  // each thread quantizes x itself: no barrier for it
+  thread_local std::vector<float> s, gsum;
+  quantize_rows_for_int4(x, x_stride, B, w.cols, xq, s, gsum);
+#if NANOGPT_X86_INTRINSICS
+  if (kernel_choice().vnni)
+    return matvec_rows_int4_vnni(w, xq.data(), s.data(), gsum.data(), B, r0, r1, y, y_stride, accumulate);
+#endif
+  matvec_rows_int4_portable(w, xq.data(), s.data(), gsum.data(), B, r0, r1, y, y_stride, accumulate);
 }
 
 namespace {
@@ -523,7 +764,7 @@ bool decoder_supports(const GPTImpl& model) {
   return true;
 }
 
-Decoder::Decoder(GPTImpl& model, bool int8)
+Decoder::Decoder(GPTImpl& model, Quantize quantize)
     : config_(model.config()),
       C_(config_.n_embd),
       hs_(config_.head_size()),
@@ -536,7 +777,8 @@ Decoder::Decoder(GPTImpl& model, bool int8)
                    : config_.mlp == "relu2" ? Activation::relu2
                                             : Activation::gelu),
       bf16_(at::autocast::is_autocast_enabled(at::kCPU)),
-      int8_(int8) {
+      quantize_(quantize),
+      unit_(quantize == Quantize::int4 ? kInt4Tile : kRowBlock) {
   if (!decoder_supports(model))
     throw std::invalid_argument(
         "[model] the hand-written decoder needs an fp32 model on the CPU in eval mode, without autograd, and CPU "
@@ -573,8 +815,22 @@ const float* Decoder::pack(const torch::Tensor& t) {
   return static_cast<const float*>(place(packed_, packed_size_, t, torch::kFloat));
 }
 
-Decoder::Matrix Decoder::pack_matrix(const torch::Tensor& t) {
-  if (int8_) {
+Decoder::Matrix Decoder::pack_matrix(const torch::Tensor& t, bool in_block) {
+  if (quantize_ == Quantize::int4 && in_block) {
+    if (!t.defined()) return {};
+    const int64_t rows = t.size(0), cols = t.size(1);
+    if (!packed_int8_.defined()) {  // measuring
+      packed_int8_size_ += int4_bytes(rows, cols);  // whole 64-byte lines (kInt4GroupBytes is)
+      return {};
+    }
+    const auto w = t.detach().to(torch::kFloat).contiguous();
+    Matrix m;
+    m.int4 = {packed_int8_.data_ptr<uint8_t>() + packed_int8_size_, rows, cols};
+    quantize_int4(w.data_ptr<float>(), rows, cols, packed_int8_.data_ptr<uint8_t>() + packed_int8_size_);
+    packed_int8_size_ += int4_bytes(rows, cols);
+    return m;
+  }
+  if (quantize_ != Quantize::none) {
     if (!t.defined()) return {};
     if (!packed_int8_.defined()) {  // measuring: the bytes, and a scale a row
       place(packed_int8_, packed_int8_size_, t, torch::kByte);
@@ -590,15 +846,9 @@ Decoder::Matrix Decoder::pack_matrix(const torch::Tensor& t) {
     m.int8.scale = static_cast<const float*>(place(packed_, packed_size_, scale, torch::kFloat));
     return m;
   }
-  if (!bf16_) return {pack(t), nullptr, {}};
-  return {nullptr, static_cast<const uint16_t*>(place(packed_bf16_, packed_bf16_size_, t, torch::kBFloat16)), {}};
-}
-
-Decoder::Matrix Decoder::Matrix::from_row(int64_t r, int64_t cols) const {
   Matrix m;
-  if (f32) m.f32 = f32 + r * cols;
-  if (bf16) m.bf16 = bf16 + r * cols;
-  if (int8.q) m.int8 = {int8.q + r * cols, int8.scale + r};
+  if (!bf16_) m.f32 = pack(t);
+  else m.bf16 = static_cast<const uint16_t*>(place(packed_bf16_, packed_bf16_size_, t, torch::kBFloat16));
   return m;
 }
 
@@ -610,6 +860,7 @@ void Decoder::Matrix::row(int64_t r, int64_t cols, float* out) const {
 void Decoder::Matrix::add_row(int64_t r, int64_t cols, float* out) const {
   if (f32) for (int64_t i = 0; i < cols; ++i) out[i] += f32[r * cols + i];
   else if (bf16) for (int64_t i = 0; i < cols; ++i) out[i] += load_float(bf16[r * cols + i]);
+  else if (int4.data) for (int64_t i = 0; i < cols; ++i) out[i] += int4_weight(int4, r, i);
   else
     for (int64_t i = 0; i < cols; ++i)
       out[i] += int8.scale[r] * static_cast<float>(int32_t{int8.q[r * cols + i]} - 128);
@@ -617,7 +868,8 @@ void Decoder::Matrix::add_row(int64_t r, int64_t cols, float* out) const {
 
 void Decoder::Matrix::rows(const float* x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1,
                            float* y, int64_t y_stride, bool accumulate) const {
-  if (int8.q) matvec_rows(int8, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+  if (int4.data) matvec_rows(int4, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+  else if (int8.q) matvec_rows(int8, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
   else if (bf16) matvec_rows(bf16, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
   else matvec_rows(f32, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
 }
@@ -640,15 +892,21 @@ void Decoder::lay_out(GPTImpl& model) {
     Layer& l = layers_[i];
     l.ln_1_w = pack(get(p + "ln_1.weight"));
     l.ln_1_b = pack(get(p + "ln_1.bias"));
-    l.qkv_w = pack_matrix(cat(p + "attn.", "weight"));
+    l.qkv_w = pack_matrix(cat(p + "attn.", "weight"), true);
     l.qkv_b = pack(cat(p + "attn.", "bias"));
-    l.o_w = pack_matrix(get(p + "attn.c_proj.weight"));
+    l.o_w = pack_matrix(get(p + "attn.c_proj.weight"), true);
     l.o_b = pack(get(p + "attn.c_proj.bias"));
     l.ln_2_w = pack(get(p + "ln_2.weight"));
     l.ln_2_b = pack(get(p + "ln_2.bias"));
-    l.fc_w = pack_matrix(get(p + "mlp.c_fc.weight"));
+    const auto fc = get(p + "mlp.c_fc.weight");
+    if (activation_ == Activation::swiglu) {  // two matrices: each thread's rows of both halves
+      l.fc_w = pack_matrix(fc.narrow(0, 0, hidden_), true);
+      l.fc_up_w = pack_matrix(fc.narrow(0, hidden_, hidden_), true);
+    } else {
+      l.fc_w = pack_matrix(fc, true);
+    }
     l.fc_b = pack(get(p + "mlp.c_fc.bias"));
-    l.proj_w = pack_matrix(get(p + "mlp.c_proj.weight"));
+    l.proj_w = pack_matrix(get(p + "mlp.c_proj.weight"), true);
     l.proj_b = pack(get(p + "mlp.c_proj.bias"));
   }
   ln_f_w_ = pack(get("ln_f.weight"));
@@ -729,7 +987,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   for (int64_t b = 0; b < B; ++b) {
     wte_.row(id[b], C, x + b * C);
     if (wpe_) wpe_.add_row(pos, C, x + b * C);
-    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr, {}}.add_row(pos, C, x + b * C);
+    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr, {}, {}}.add_row(pos, C, x + b * C);
   }
   const float* cos2 = rope_ ? rope_->cos2_row(pos) : nullptr;
   const float* sin2 = rope_ ? rope_->sin2_row(pos) : nullptr;
@@ -769,9 +1027,9 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
     };
     float* xn = xn_.data() + tid * B * C;
     float* scratch = attention_scratch_.data() + tid * scratch_size;
-    const auto [q0, q1] = share(qkv_width_, kRowBlock);
-    const auto [c0, c1] = share(C, kRowBlock);
-    const auto [h0, h1] = share(H, kRowBlock);
+    const auto [q0, q1] = share(qkv_width_, unit_);
+    const auto [c0, c1] = share(C, unit_);
+    const auto [h0, h1] = share(H, unit_);
     const auto [v0, v1] = share(V, kRowBlock);
     const auto [g0, g1] = share(B * nkv_, 1);
     for (int64_t i = 0; i < config_.n_layer; ++i) {
@@ -796,7 +1054,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
       // x + mlp(ln_2(x)); the activation on each thread's own rows, right after it computed them.
       for (int64_t b = 0; b < B; ++b) norm(x + b * C, l.ln_2_w, l.ln_2_b, xn + b * C);
       l.fc_w.rows(xn, C, B, C, h0, h1, hid, fc_out_, false);
-      if (gated) l.fc_w.from_row(H, C).rows(xn, C, B, C, h0, h1, hid + H, fc_out_, false);  // the up half
+      if (gated) l.fc_up_w.rows(xn, C, B, C, h0, h1, hid + H, fc_out_, false);
       add_bias(l.fc_b, B, h0, h1, hid, fc_out_);
       if (gated) add_bias(l.fc_b ? l.fc_b + H : nullptr, B, h0, h1, hid + H, fc_out_);
       for (int64_t b = 0; b < B; ++b) {

@@ -29,6 +29,10 @@ namespace nanogpt::model {
 /// autograd, and CPU autocast off or in bf16.
 bool decoder_supports(const GPTImpl& model);
 
+/// How the decoder stores its weight matrices: as the model (fp32, or bf16 under autocast), or
+/// quantized (`nanogpt sample --quantize`).
+enum class Quantize { none, int8, int4 };
+
 class Decoder {
  public:
   /// Packs a copy of `model`'s weights: build it after the last weight change (one per sampling
@@ -42,18 +46,20 @@ class Decoder {
   /// autocast's (half the bytes again for attention). Throws std::invalid_argument ("[model] ...")
   /// when !decoder_supports(model).
   ///
-  /// `int8`: every weight matrix is instead quantized to int8 row by row and each product's input
-  /// to int8 as well, as PyTorch's dynamic quantization of Linear layers (dot.h: Int8Rows): a
-  /// quarter of fp32's bytes, and products that AVX512-VNNI multiplies four pairs at a time. The
-  /// logits then differ from the model's by the quantization's error (a few percent of their
-  /// spread; BENCHMARKS.md measures what it costs a trained model's loss). The KV cache is as
-  /// without it (bf16 under autocast, else fp32).
-  explicit Decoder(GPTImpl& model, bool int8 = false);
+  /// Quantize::int8: every weight matrix is instead quantized to int8 row by row and each
+  /// product's input to int8 as well, as PyTorch's dynamic quantization of Linear layers (dot.h:
+  /// Int8Rows): a quarter of fp32's bytes, and products that AVX512-VNNI multiplies four pairs at a
+  /// time. Quantize::int4: the blocks' matrices (Q/K/V, the projections, the MLP) in 4 bits a
+  /// weight with a scale and a minimum every 64 columns (dot.h: Int4Tiles), their inputs in int8;
+  /// the embeddings and the head as with int8. The logits then differ from the model's by the
+  /// quantization's error (BENCHMARKS.md measures what each costs a trained model's loss). The KV
+  /// cache is as without them (bf16 under autocast, else fp32).
+  explicit Decoder(GPTImpl& model, Quantize quantize = Quantize::none);
 
-  /// Whether the matrices are packed in bf16 (built under CPU bf16 autocast, without int8).
-  bool bf16_weights() const { return bf16_ && !int8_; }
-  /// Whether the matrices are quantized to int8.
-  bool int8_weights() const { return int8_; }
+  /// Whether the matrices are packed in bf16 (built under CPU bf16 autocast, not quantized).
+  bool bf16_weights() const { return bf16_ && quantize_ == Quantize::none; }
+  /// How the matrices are quantized.
+  Quantize quantize() const { return quantize_; }
 
   /// tokens (B,) int64 on the CPU: one new token per sequence, at position cache.length(). Appends
   /// their keys and values to `cache` as GPT::forward_cached does (the same ring layout, so a cache
@@ -66,28 +72,31 @@ class Decoder {
 
  private:
   /// A weight matrix (rows, cols) row-major, in packed_ (fp32), packed_bf16_ (bf16 bits) or
-  /// packed_int8_ (its bytes, with the row scales in packed_): one of the three set.
+  /// packed_int8_ (int8: its bytes, with the row scales in packed_; int4: its Int4Tiles): one of
+  /// the four set.
   struct Matrix {
     const float* f32 = nullptr;
     const uint16_t* bf16 = nullptr;
     Int8Rows int8;
+    Int4Tiles int4;
     /// Rows r0 <= r < r1 of this @ x for each of B rows of x: matvec_rows on whichever is set.
     void rows(const float* x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1, float* y,
               int64_t y_stride, bool accumulate) const;
-    Matrix from_row(int64_t r, int64_t cols) const;           // the rows from r on
     void row(int64_t r, int64_t cols, float* out) const;      // out = row r, in fp32
     void add_row(int64_t r, int64_t cols, float* out) const;  // out += row r
-    explicit operator bool() const { return f32 || bf16 || int8.q; }
+    explicit operator bool() const { return f32 || bf16 || int8.q || int4.data; }
   };
   struct Layer {  // pointers into the packed buffers; biases nullptr when the model has none
     const float *ln_1_w, *ln_1_b, *qkv_b, *o_b, *ln_2_w, *ln_2_b, *fc_b, *proj_b;
-    Matrix qkv_w, o_w, fc_w, proj_w;
+    Matrix qkv_w, o_w, fc_w, fc_up_w, proj_w;  // fc_up_w: SwiGLU's up half (fc_w is then its gate half)
   };
   /// Walks the model's weights in a fixed order through pack() and pack_matrix(): once to measure,
   /// once to copy.
   void lay_out(GPTImpl& model);
   const float* pack(const torch::Tensor& t);  // its copy in packed_; nullptr while measuring or for an undefined t
-  Matrix pack_matrix(const torch::Tensor& t);  // pack(t), its bf16 copy when bf16_, its int8 rows when int8_
+  /// pack(t), its bf16 copy when bf16_, or quantized: int8 rows, or (a block's matrix, `in_block`)
+  /// Int4Tiles with Quantize::int4.
+  Matrix pack_matrix(const torch::Tensor& t, bool in_block = false);
   void norm(const float* x, const float* w, const float* b, float* out) const;  // one row of C
   /// Makes cache layer tensors (B, nkv, block, hs) contiguous, fp32 (bf16 with bf16_), keeping the
   /// filled slots.
@@ -97,11 +106,12 @@ class Decoder {
   int64_t C_, hs_, nkv_, qkv_width_, fc_out_, hidden_;
   bool rms_;
   enum class Activation { gelu, relu2, swiglu } activation_;
-  bool bf16_;  // under CPU bf16 autocast: the KV cache in bf16, and the matrices unless int8_
-  bool int8_;
-  torch::Tensor packed_;       // every fp32 weight the decoder reads (int8_: the row scales too), one allocation
-  torch::Tensor packed_bf16_;  // bf16_ && !int8_: the matrices, one allocation
-  torch::Tensor packed_int8_;  // int8_: the matrices' bytes (dot.h's Int8Rows), one allocation
+  bool bf16_;  // under CPU bf16 autocast: the KV cache in bf16, and the matrices unless quantized
+  Quantize quantize_;
+  int64_t unit_;  // rows of the blocks' matrices that stay together on a thread: kInt4Tile for int4
+  torch::Tensor packed_;       // every fp32 weight the decoder reads (int8: the row scales too), one allocation
+  torch::Tensor packed_bf16_;  // bf16_, not quantized: the matrices, one allocation
+  torch::Tensor packed_int8_;  // quantized: the matrices' bytes (dot.h's Int8Rows and Int4Tiles), one allocation
   int64_t packed_size_ = 0, packed_bf16_size_ = 0, packed_int8_size_ = 0;  // elements placed so far in each
   std::vector<Layer> layers_;
   const float *ln_f_w_ = nullptr, *ln_f_b_ = nullptr;

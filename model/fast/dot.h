@@ -61,4 +61,41 @@ void quantize_rows_int8(const float* w, int64_t rows, int64_t cols, uint8_t* q, 
 void matvec_rows(const Int8Rows& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
 
+/// A weight matrix (rows, cols) quantized to 4 bits, for sampling (`--quantize=int4`): each group of
+/// kInt4Group columns of a row is d * u + m with u in 0..15, d = (max - min) / 15 and m = min of the
+/// group (asymmetric, as llama.cpp's Q4_1; d and m in bf16): 0.5625 bytes a weight, the nibbles and
+/// the scales (the full-preset model's 10.6M weights in 6.0 MB against int8's 10.7). Laid out for products kInt4Tile rows at a time, one AVX-512 register of int32 sums a
+/// row each: tile t holds rows kInt4Tile * t .. + kInt4Tile - 1 (the last padded with zero rows),
+/// group after group, each group as kInt4Group / 8 chunks of 64 bytes and then 64 bytes of scales.
+/// Chunk c of group g covers columns k = g * kInt4Group + 8c .. k + 7: its byte 4j + i holds
+/// u[row j][k + i] in the low nibble and u[row j][k + 4 + i] in the high one (so each 32-bit lane
+/// is one row, four columns a nibble plane). The scales: the 16 rows' d, then their m, as bf16
+/// bits. Columns past `cols` (padded to whole groups) are u = 0 and meet zero inputs.
+constexpr int64_t kInt4Tile = 16;
+constexpr int64_t kInt4Group = 64;
+struct Int4Tiles {
+  const uint8_t* data = nullptr;
+  int64_t rows = 0, cols = 0;  // the matrix's, unpadded
+};
+
+/// Bytes of a (rows, cols) matrix's Int4Tiles.
+int64_t int4_bytes(int64_t rows, int64_t cols);
+
+/// Quantizes w (rows, cols) fp32 into `out` (int4_bytes(rows, cols) bytes). Every weight ends
+/// within half a step (d / 2) of its value, plus bf16's rounding of d and m. A group holding NaN
+/// or inf gets d NaN (its row's products are NaN, as the fp32 model's would be).
+void quantize_int4(const float* w, int64_t rows, int64_t cols, uint8_t* out);
+
+/// Weight (r, c) as the products use it: d * u + m.
+float int4_weight(const Int4Tiles& w, int64_t r, int64_t c);
+
+/// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 with Int4Tiles
+/// weights: each row of x quantized to int8 by its own s = max|x| / 127 as the int8 product's, then
+/// per group the exact integer sum Σ u x_q (int32) and Σ x_q, and y = s Σ_g (d Σ u x_q + m Σ x_q) in
+/// fp32 fused multiply-adds, group by group. r0 a multiple of kInt4Tile; r1 one too, or w.rows.
+/// AVX512-VNNI kernel and portable loops give the same bits. A row of x holding NaN or inf gives
+/// NaN outputs.
+void matvec_rows(const Int4Tiles& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
+                 float* __restrict y, int64_t y_stride, bool accumulate);
+
 }  // namespace nanogpt::model
