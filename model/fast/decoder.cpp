@@ -915,18 +915,36 @@ void Decoder::lay_out(GPTImpl& model) {
   head_ = lm_head.defined() ? pack_matrix(lm_head) : wte_;  // tied: the head is wte
 }
 
-void Decoder::norm(const float* x, const float* w, const float* b, float* out) const {
-  const int64_t C = C_;
-  double mean = 0.0;
-  if (!rms_) {
+namespace {
+
+// One row's LayerNorm (or RMSNorm: `rms`) in fp32 lane sums, vectorised in each instruction-set
+// clone. (In scalar double sums, as before, the 13 norms of a full-preset token took ~6% of it.)
+NANOGPT_SIMD_CLONES
+void norm_row(const float* __restrict x, const float* __restrict w, const float* __restrict b, int64_t C, bool rms,
+              float eps, float* __restrict out) {
+  float mean = 0.0f;
+  if (!rms) {
+#pragma omp simd reduction(+ : mean)
     for (int64_t i = 0; i < C; ++i) mean += x[i];
-    mean /= static_cast<double>(C);
+    mean /= static_cast<float>(C);
   }
-  double var = 0.0;  // layernorm: the biased variance; rmsnorm: the mean square
+  float var = 0.0f;  // layernorm: the biased variance; rmsnorm: the mean square
+#pragma omp simd reduction(+ : var)
   for (int64_t i = 0; i < C; ++i) var += (x[i] - mean) * (x[i] - mean);
-  const float inv = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + NormImpl::eps));
-  const float m = static_cast<float>(mean);
-  for (int64_t i = 0; i < C; ++i) out[i] = (x[i] - m) * inv * w[i] + (b ? b[i] : 0.0f);
+  const float inv = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
+  if (b) {
+#pragma omp simd
+    for (int64_t i = 0; i < C; ++i) out[i] = (x[i] - mean) * inv * w[i] + b[i];
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < C; ++i) out[i] = (x[i] - mean) * inv * w[i];
+  }
+}
+
+}  // namespace
+
+void Decoder::norm(const float* x, const float* w, const float* b, float* out) const {
+  norm_row(x, w, b, C_, rms_, static_cast<float>(NormImpl::eps), out);
 }
 
 void Decoder::ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const {
