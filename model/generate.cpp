@@ -69,7 +69,8 @@ class ContextRunner {
       // Packed at the first one-token step, not before. A one-token prompt's first step is one:
       // through the general path it cost a full-preset model ~15 ms (autocast casting every weight
       // to bf16 for one position), a sample of 2,000 tokens ~3%.
-      if (fast_decoder_ && !decoder_ && decoder_supports(*model_)) decoder_ = std::make_unique<Decoder>(*model_, quantize_);
+      if (fast_decoder_ && !decoder_ && decoder_supports(*model_))
+        decoder_ = std::make_unique<Decoder>(*model_, quantize_);
       fast_decoder_ = decoder_ != nullptr;
       logits = decoder_ ? decoder_->step(seq.select(1, total - 1), cache_)        // (B, V)
                         : model_->forward_cached(seq.narrow(1, total - 1, 1), cache_);

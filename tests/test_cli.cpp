@@ -157,7 +157,8 @@ TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
   // --quantize int8 and int4: the summary line says so, a seed gives the same samples, beam search
   // takes it too, and what cannot run the decoder is one error line.
   for (const std::string q : {"int8", "int4"}) {
-    auto once = run(base + "--seed=7 --quantize=" + q, dir.path), again = run(base + "--seed=7 --quantize=" + q, dir.path);
+    auto once = run(base + "--seed=7 --quantize=" + q, dir.path);
+    auto again = run(base + "--seed=7 --quantize=" + q, dir.path);
     ASSERT_EQ(once.rc, 0) << once.err;
     EXPECT_EQ(once.out, again.out) << q;
     EXPECT_NE(once.err.find(q + " weights)"), std::string::npos) << once.err;

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -38,8 +37,6 @@ void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, 
   else std::copy(x, x + hs, out);
 }
 
-// p[t] = softmax(p · scale)[t] and o = Σ_t p[t] v_t over Tk values (Tk, hs), fp32 or bf16 (raw
-// bits), in fp32.
 #if defined(__x86_64__) && defined(__GNUC__)
 // 16 values from p as fp32: fp32, or bf16 (raw bits, widened exactly). (The all-ones masked forms:
 // GCC 12's bug 105593, as decoder.cpp.)
@@ -68,8 +65,10 @@ __attribute__((target("avx512f"))) void weighted_values(const T* __restrict valu
       odd[k] = _mm512_fmadd_ps(w1, load16(v + hs + 16 * k), odd[k]);
     }
   }
-  if (t < Tk)
-    for (int k = 0; k < NV; ++k) even[k] = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), load16(values + t * hs + 16 * k), even[k]);
+  if (t < Tk) {
+    const __m512 w0 = _mm512_set1_ps(w[t]);
+    for (int k = 0; k < NV; ++k) even[k] = _mm512_fmadd_ps(w0, load16(values + t * hs + 16 * k), even[k]);
+  }
   for (int k = 0; k < NV; ++k) _mm512_storeu_ps(o + 16 * k, _mm512_add_ps(even[k], odd[k]));
 }
 
@@ -98,6 +97,8 @@ template <typename T>
 bool weighted_values_avx512(const T*, int64_t, int64_t, const float*, float*) { return false; }
 #endif
 
+// p[t] = softmax(p · scale)[t] and o = Σ_t p[t] v_t over Tk values (Tk, hs), fp32 or bf16 (raw
+// bits), in fp32.
 template <typename T>
 __attribute__((always_inline)) inline void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
                                                                  float scale, float* __restrict p,

@@ -64,9 +64,10 @@ void matvec_rows(const Int8Rows& w, const float* __restrict x, int64_t x_stride,
 /// A weight matrix (rows, cols) quantized to 4 bits, for sampling (`--quantize=int4`): each group of
 /// kInt4Group columns of a row is d * u + m with u in 0..15, d = (max - min) / 15 and m = min of the
 /// group (asymmetric, as llama.cpp's Q4_1; d and m in bf16): 0.5625 bytes a weight, the nibbles and
-/// the scales (the full-preset model's 10.6M weights in 6.0 MB against int8's 10.7). Laid out for products kInt4Tile rows at a time, one AVX-512 register of int32 sums a
-/// row each: tile t holds rows kInt4Tile * t .. + kInt4Tile - 1 (the last padded with zero rows),
-/// group after group, each group as kInt4Group / 8 chunks of 64 bytes and then 64 bytes of scales.
+/// the scales (the full-preset model's 10.6M weights in 6.0 MB against int8's 10.7). Laid out for
+/// products kInt4Tile rows at a time, one AVX-512 register of int32 sums a row each: tile t holds
+/// rows kInt4Tile * t .. + kInt4Tile - 1 (the last padded with zero rows), group after group, each
+/// group as kInt4Group / 8 chunks of 64 bytes and then 64 bytes of scales.
 /// Chunk c of group g covers columns k = g * kInt4Group + 8c .. k + 7: its byte 4j + i holds
 /// u[row j][k + i] in the low nibble and u[row j][k + 4 + i] in the high one (so each 32-bit lane
 /// is one row, four columns a nibble plane). The scales: the 16 rows' d, then their m, as bf16
