@@ -44,8 +44,7 @@ struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
     auto h_again = h.detach().requires_grad_(true);
     auto a = mlp_activation(kind, h_again);                             // (B, T, H), recomputed
     auto a2 = a.detach().reshape({-1, a.size(-1)});                     // (B*T, H)
-    auto dw = w_dtype == torch::kFloat && h.device().is_cpu() ? mm_to_float(dy2.t(), a2)
-                                                              : dy2.t().mm(a2).to(w_dtype);  // (C, H)
+    auto dw = mm_into(dy2.t(), a2, w_dtype);                            // (C, H)
     auto dh = torch::autograd::grad({a}, {h_again}, {dy.matmul(w_low)})[0];  // through the activation
     return {dh, dw, torch::Tensor()};
   }

@@ -250,6 +250,16 @@ TEST(MatvecRows, ProductsAreExactAndSumsFp32InEitherDtype) {
         }
 }
 
+// The quantized products' inputs, each row of xs (B, cols) by its own max |x| / 127: the scales
+// (B, 1) in fp32, as the kernels compute them, and the integers in fp64 (round half to even, as
+// nearbyint).
+namespace {
+std::pair<torch::Tensor, torch::Tensor> int8_inputs(const torch::Tensor& xs) {
+  auto scale = xs.abs().amax(1, true) / 127;
+  return {scale, (xs / scale).round().to(torch::kDouble)};
+}
+}  // namespace
+
 // Int8 weights, as dynamic quantization: each row of w within half its scale of the original and
 // its largest weight at ±127; the product against the same arithmetic in fp64 through LibTorch
 // (x quantized by its own max |x| / 127, the integer products summed, both scales applied) to fp32's
@@ -291,9 +301,8 @@ TEST(MatvecRows, Int8IsDynamicQuantizationSummedExactly) {
         auto y0 = y.clone();
         matvec_rows(Int8Rows{q.data_ptr<uint8_t>(), scale.data_ptr<float>()}, x.data_ptr<float>(), x_stride, B, cols,
                     r0, r1, y.data_ptr<float>(), y_stride, accumulate);
-        auto xs = x.narrow(1, 0, cols);                       // (B, cols)
-        auto x_scale = xs.abs().amax(1, true) / 127;          // (B, 1) fp32, as the kernel computes it
-        auto xq = (xs / x_scale).round().to(torch::kDouble);  // round half to even, as nearbyint
+        auto xs = x.narrow(1, 0, cols);  // (B, cols)
+        auto [x_scale, xq] = int8_inputs(xs);
         auto before = accumulate ? y0.narrow(1, r0, r1 - r0).to(torch::kDouble)
                                  : torch::zeros({B, r1 - r0}, torch::kDouble);
         auto sums = xq.mm(centred.narrow(0, r0, r1 - r0).t());  // (B, r1 - r0) exact integers
@@ -418,9 +427,8 @@ TEST(MatvecRows, Int4IsGroupQuantizationSummedExactly) {
         auto y = torch::randn({B, y_stride});
         auto y0 = y.clone();
         matvec_rows(tiles, x.data_ptr<float>(), x_stride, B, r0, r1, y.data_ptr<float>(), y_stride, accumulate);
-        auto xs = x.narrow(1, 0, cols);
-        auto x_scale = xs.abs().amax(1, true) / 127;          // (B, 1) fp32, as the kernel computes it
-        auto xq = (xs / x_scale).round().to(torch::kDouble);  // round half to even, as nearbyint
+        auto xs = x.narrow(1, 0, cols);  // (B, cols)
+        auto [x_scale, xq] = int8_inputs(xs);
         auto before = accumulate ? y0.narrow(1, r0, r1 - r0).to(torch::kDouble)
                                  : torch::zeros({B, r1 - r0}, torch::kDouble);
         auto w_rows = stored.narrow(0, r0, r1 - r0);

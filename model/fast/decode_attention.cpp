@@ -72,18 +72,11 @@ __attribute__((target("avx512f"))) void weighted_values(const T* __restrict valu
   for (int k = 0; k < NV; ++k) _mm512_storeu_ps(o + 16 * k, _mm512_add_ps(even[k], odd[k]));
 }
 
-bool has_avx512f() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return yes;
-}
-
-// Whether o = Σ_t w[t] v_t was computed here: AVX-512 and a head size of 16, 32, 64 or 128.
+// Whether o = Σ_t w[t] v_t was computed here: AVX-512 kernels (dot.h) and a head size of 16, 32, 64
+// or 128.
 template <typename T>
 bool weighted_values_avx512(const T* values, int64_t Tk, int64_t hs, const float* w, float* o) {
-  if (!has_avx512f()) return false;
+  if (!avx512_kernels()) return false;
   switch (hs) {
     case 16: weighted_values<1>(values, Tk, w, o); return true;
     case 32: weighted_values<2>(values, Tk, w, o); return true;

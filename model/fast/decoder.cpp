@@ -323,6 +323,8 @@ void round_rows_to_bf16(const float* __restrict x, int64_t x_stride, int64_t B, 
 
 }  // namespace
 
+bool avx512_kernels() { return kernels() != Kernels::portable; }
+
 void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
   matvec_rows_any(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
@@ -507,7 +509,7 @@ float quantize_row_int8_avx512(const float* __restrict x, int64_t cols, int8_t* 
 // NANOGPT_KERNELS=portable.
 float quantize_row_int8(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
 #if NANOGPT_X86_INTRINSICS
-  if (kernels() != Kernels::portable) return quantize_row_int8_avx512(x, cols, xq, sum);
+  if (avx512_kernels()) return quantize_row_int8_avx512(x, cols, xq, sum);
 #endif
   return quantize_row_int8_portable(x, cols, xq, sum);
 }

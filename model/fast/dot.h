@@ -27,6 +27,10 @@ inline float dot(const A* __restrict a, const B* __restrict b, int64_t n) {
 
 constexpr int64_t kRowBlock = 4;  // matvec_rows: output rows computed together
 
+/// Whether the hand-written kernels may use AVX-512: the CPU has it and NANOGPT_KERNELS does not cap
+/// them at `portable` (decoder.cpp's choice, which the tests set to run each kernel on one CPU).
+bool avx512_kernels();
+
 /// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B;
 /// w (rows, cols) row-major. The matrix-vector product of the decoder (defined in decoder.cpp), and
 /// attention's scores (keys · query), in fp32. The second form takes w in bf16 (raw bits) and rounds

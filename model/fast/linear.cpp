@@ -75,9 +75,8 @@ struct AutocastLinear : public torch::autograd::Function<AutocastLinear> {
     const auto &x2 = saved[0], &w_low = saved[1];
     const auto as = [&](const char* key) { return static_cast<c10::ScalarType>(ctx->saved_data[key].toInt()); };
     auto dy = grads[0].reshape({-1, w_low.size(0)}).to(w_low.scalar_type());  // (N, out)
-    const auto x_dtype = as("x_dtype"), w_dtype = as("w_dtype");
-    auto dx = x_dtype == torch::kFloat ? mm_to_float(dy, w_low) : dy.mm(w_low).to(x_dtype);  // (N, in)
-    auto dw = w_dtype == torch::kFloat ? mm_to_float(dy.t(), x2) : dy.t().mm(x2).to(w_dtype);  // (out, in)
+    auto dx = mm_into(dy, w_low, as("x_dtype"));   // (N, in)
+    auto dw = mm_into(dy.t(), x2, as("w_dtype"));  // (out, in)
     auto db = ctx->saved_data["bias"].toBool() ? dy.sum(0, false, torch::kFloat).to(as("b_dtype")) : torch::Tensor();
     auto sizes = grads[0].sizes().vec();
     sizes.back() = x2.size(1);
@@ -112,6 +111,10 @@ torch::Tensor mm_to_float(const torch::Tensor& a, const torch::Tensor& b) {
     return c;
   }
   return a.to(torch::kFloat).mm(b.to(torch::kFloat));  // the same sums, slower: bf16 values are exact in fp32
+}
+
+torch::Tensor mm_into(const torch::Tensor& a, const torch::Tensor& b, c10::ScalarType dtype) {
+  return dtype == torch::kFloat && a.is_cpu() ? mm_to_float(a, b) : a.mm(b).to(dtype);
 }
 
 torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, Result result) {

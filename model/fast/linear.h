@@ -20,6 +20,11 @@ enum class Result { kAutocast, kWide };
 /// same sums: bf16 values are exact in fp32). Not differentiable.
 torch::Tensor mm_to_float(const torch::Tensor& a, const torch::Tensor& b);
 
+/// a · b as `dtype`: fp32 on the CPU through mm_to_float (summed in fp32, never rounded to the
+/// operands' bf16 on the way); otherwise a.mm(b) in the operands' dtype, then converted. For the
+/// gradients that land in a parameter's or an input's dtype. Not differentiable.
+torch::Tensor mm_into(const torch::Tensor& a, const torch::Tensor& b, c10::ScalarType dtype);
+
 /// x (..., in), w (out, in), b (out) or undefined -> (..., out). Differentiable.
 torch::Tensor dense(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {},
                     Result result = Result::kAutocast);
