@@ -3,6 +3,7 @@
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include "model/fast/gelu.h"
 #include "model/fast/linear.h"
 
 namespace nanogpt::model {
@@ -40,6 +41,11 @@ struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     auto dy = grads[0].to(h.scalar_type());                              // (B, T, C)
     auto dy2 = dy.reshape({-1, dy.size(-1)});                            // (B*T, C)
+    if (kind == "gelu") {  // GELU(h) and dh from one pass over h (fast_gelu_backward)
+      auto [a, dh] = fast_gelu_backward(h, dy.matmul(w_low));
+      auto dw = mm_into(dy2.t(), a.reshape({-1, a.size(-1)}), w_dtype);  // (C, H)
+      return {dh, dw, torch::Tensor()};
+    }
     torch::AutoGradMode grad_on(true);
     auto h_again = h.detach().requires_grad_(true);
     auto a = mlp_activation(kind, h_again);                             // (B, T, H), recomputed
@@ -53,7 +59,7 @@ struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
 }  // namespace
 
 torch::Tensor mlp_activation(const std::string& kind, const torch::Tensor& h) {
-  if (kind == "gelu") return torch::gelu(h);  // exact (erf) GELU like nanoGPT
+  if (kind == "gelu") return fast_gelu(h);  // exact (erf) GELU like nanoGPT, its slope kept for backward
   if (kind == "relu2") return torch::relu(h).square();
   auto gate_up = h.chunk(2, -1);  // swiglu
   return torch::silu(gate_up[0]) * gate_up[1];  // (B, T, H)

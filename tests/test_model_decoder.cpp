@@ -3,7 +3,9 @@
 // batches of 1 and 3, past block_size with RoPE; the same tokens from generate and beam search
 // either way; under CPU bf16 autocast, as close to the fp32 model as the general path under
 // autocast; with int8 or int4 matrices, within a few (int4: ten or so) percent; bad input
-// rejected. And the matrix-vector product on its own, in fp32, bf16, int8 and int4.
+// rejected. And the matrix-vector product on its own, in fp32, bf16, int8 and int4; and the other
+// hand-written CPU kernels whose code differs by kernel set (decode attention, GELU), which the
+// build runs again under each narrower NANOGPT_KERNELS.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,6 +21,7 @@
 #include "model/fast/decode_attention.h"
 #include "model/fast/decoder.h"
 #include "model/fast/dot.h"
+#include "model/fast/gelu.h"
 #include "model/generate.h"
 #include "runtime/device.h"
 
@@ -598,4 +601,57 @@ TEST(Decoder, RejectsBadInputAndModelsItCannotRun) {
   }
   model->to(torch::kDouble);
   EXPECT_FALSE(decoder_supports(*model));
+}
+
+// GELU from fast_gelu and fast_gelu_backward against v Phi(v) and its slope Phi(v) + v phi(v) in
+// fp64 (from the values the input holds), over [-12, 12] in 20,011 steps (no multiple of 16 or 32:
+// the tails run too), and against LibTorch's torch::gelu and gelu_backward. fp32: within 2e-6 (A&S
+// erf's 1.5e-7, times |v| <= 12, and the rounding). bf16: within one bf16 step of the exact value
+// (the output's rounding; the kept slope and the product round once more in backward). Under
+// NANOGPT_KERNELS=portable these are LibTorch's own ops, which must pass the same bounds.
+TEST(FastGelu, IsTheExactGeluWithItsSlope) {
+  torch::manual_seed(5);
+  const int64_t n = 20011;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const bool bf16 = dtype == torch::kBFloat16;
+    auto h = torch::linspace(-12, 12, n).to(dtype).requires_grad_(true);
+    auto g = torch::randn({n}).to(dtype);
+    auto y = fast_gelu(h);
+    y.backward(g);
+    auto v = h.detach().to(torch::kDouble), gd = g.to(torch::kDouble);
+    auto cdf = 0.5 * torch::erfc(-v / std::sqrt(2.0));
+    auto want_y = v * cdf;
+    auto want_dh = gd * (cdf + v * torch::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI));
+    const double rel = bf16 ? 1.0 / 128 : 1e-6, abs = bf16 ? 1e-6 : 2e-6;
+    const auto within = [&](const torch::Tensor& got, const torch::Tensor& want, double r) {
+      auto excess = (got.to(torch::kDouble) - want).abs() - (r * want.abs() + abs);
+      return excess.max().item<double>();
+    };
+    EXPECT_LE(within(y, want_y, rel), 0.0);
+    EXPECT_LE(within(h.grad(), want_dh, 2 * rel), 0.0);
+    // A drop-in for LibTorch's: the same bounds against its values.
+    EXPECT_LE(within(y, torch::gelu(h.detach()).to(torch::kDouble), 2 * rel), 0.0);
+    EXPECT_LE(within(h.grad(), torch::gelu_backward(g, h.detach()).to(torch::kDouble), 3 * rel), 0.0);
+
+    // Backward that recomputes: GELU(h) as the forward gives it, and g GELU'(h) rounded once.
+    auto [y2, dh2] = fast_gelu_backward(h.detach(), g);
+    EXPECT_TRUE(torch::equal(y2, y.detach()));
+    EXPECT_EQ(dh2.scalar_type(), dtype);
+    EXPECT_LE(within(dh2, want_dh, rel), 0.0);
+    // Without grad, the forward alone: the same values.
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(fast_gelu(h.detach()), y.detach()));
+    }
+    // Non-finite input stays non-finite (ours gives +inf for +inf, LibTorch's NaN); a 2-D view that
+    // is not contiguous works.
+    auto special = torch::tensor({std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 0.0f}).to(dtype);
+    auto s = fast_gelu(special).to(torch::kFloat);
+    EXPECT_TRUE(std::isnan(s[0].item<float>()));
+    EXPECT_FALSE(std::isfinite(s[1].item<float>()));
+    EXPECT_EQ(s[2].item<float>(), 0.0f);
+    auto m = torch::randn({37, 40}).to(dtype).t();
+    EXPECT_LE(within(fast_gelu(m), torch::gelu(m.to(torch::kDouble)), rel), 0.0);
+  }
 }

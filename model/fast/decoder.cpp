@@ -324,6 +324,7 @@ void round_rows_to_bf16(const float* __restrict x, int64_t x_stride, int64_t B, 
 }  // namespace
 
 bool avx512_kernels() { return kernels() != Kernels::portable; }
+bool avx512_bf16_kernels() { return kernels() == Kernels::avx512_bf16; }
 
 void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {

@@ -30,6 +30,9 @@ constexpr int64_t kRowBlock = 4;  // matvec_rows: output rows computed together
 /// Whether the hand-written kernels may use AVX-512: the CPU has it and NANOGPT_KERNELS does not cap
 /// them at `portable` (decoder.cpp's choice, which the tests set to run each kernel on one CPU).
 bool avx512_kernels();
+/// Whether they may also use AVX512-BF16 (its conversions and dot products): the CPU has it and
+/// NANOGPT_KERNELS caps them at neither avx512f nor portable.
+bool avx512_bf16_kernels();
 
 /// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B;
 /// w (rows, cols) row-major. The matrix-vector product of the decoder (defined in decoder.cpp), and
