@@ -245,6 +245,23 @@ summary() {  # "r1 r2 ..." -> "median (min–max)", "-" if any round failed
 }
 sample_rows=()
 for i in 0 1 2 3 4 5; do sample_rows+=("${labels[$i]} | $(summary "${rates[$i,small]}") | $(summary "${rates[$i,full]}")"); done
+# Within each round, ours against nanoGPT's faster variant of that round: the host's drift between
+# rounds (up to 2x) cancels here, not in the medians above.
+round_ratios() {  # model (small|full) row -> "r1, r2, ..." (x), "-" where a rate is missing
+  local model=$1 row=$2 ours nano_fp32 nano_bf16 i out=()
+  read -ra ours <<<"${rates[$row,$model]}"
+  read -ra nano_fp32 <<<"${rates[2,$model]}"
+  read -ra nano_bf16 <<<"${rates[3,$model]}"
+  for i in "${!ours[@]}"; do
+    out+=("$(awk -v o="${ours[$i]}" -v a="${nano_fp32[$i]:--}" -v b="${nano_bf16[$i]:--}" 'BEGIN {
+      best = (a == "-" ? 0 : a + 0); if (b != "-" && b + 0 > best) best = b + 0
+      if (o == "-" || best <= 0) print "-"; else printf "%.0f", o / best }')")
+  done
+  local IFS=,
+  echo "${out[*]}" | sed 's/,/, /g'
+}
+ratio_rows=()
+for i in 0 4 5; do ratio_rows+=("${labels[$i]} | $(round_ratios small $i) | $(round_ratios full $i)"); done
 
 # Start-up on its own, the median of 5 runs each: a sample of 1 token (the CPU-preset model, then the
 # full preset's with 43 MB of weights to read) from process start to its first output (the sample is
@@ -287,6 +304,10 @@ echo
 echo "| sampling, start-up excluded, median of ${SAMPLE_ROUNDS:-3} rounds (range) | CPU-preset model tok/s (2000 new) | full-preset model tok/s ($full_new new; nanoGPT $full_nano_new) |"
 echo "|---|---|---|"
 for r in "${sample_rows[@]}"; do echo "| $r |"; done
+echo
+echo "| sampling, ours / nanoGPT's faster variant, each round | CPU-preset model (x) | full-preset model (x) |"
+echo "|---|---|---|"
+for r in "${ratio_rows[@]}"; do echo "| $r |"; done
 echo
 echo "| start-up, median of 5 | to the first output, s | whole run, s |"
 echo "|---|---|---|"
