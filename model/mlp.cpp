@@ -3,6 +3,8 @@
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <tuple>
+
 #include "model/fast/gelu.h"
 #include "model/fast/linear.h"
 
@@ -41,17 +43,17 @@ struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     auto dy = grads[0].to(h.scalar_type());                              // (B, T, C)
     auto dy2 = dy.reshape({-1, dy.size(-1)});                            // (B*T, C)
-    if (kind == "gelu") {  // GELU(h) and dh from one pass over h (fast_gelu_backward)
-      auto [a, dh] = fast_gelu_backward(h, dy.matmul(w_low));
-      auto dw = mm_into(dy2.t(), a.reshape({-1, a.size(-1)}), w_dtype);  // (C, H)
-      return {dh, dw, torch::Tensor()};
+    auto da = dy.matmul(w_low);  // (B, T, H): the gradient at the activation's output
+    torch::Tensor a, dh;         // the activation (recomputed) and the gradient at h
+    if (kind == "gelu") {
+      std::tie(a, dh) = fast_gelu_backward(h, da);  // one pass over h
+    } else {
+      torch::AutoGradMode grad_on(true);
+      auto h_again = h.detach().requires_grad_(true);
+      a = mlp_activation(kind, h_again);                    // (B, T, H), recomputed
+      dh = torch::autograd::grad({a}, {h_again}, {da})[0];  // through the activation
     }
-    torch::AutoGradMode grad_on(true);
-    auto h_again = h.detach().requires_grad_(true);
-    auto a = mlp_activation(kind, h_again);                             // (B, T, H), recomputed
-    auto a2 = a.detach().reshape({-1, a.size(-1)});                     // (B*T, H)
-    auto dw = mm_into(dy2.t(), a2, w_dtype);                            // (C, H)
-    auto dh = torch::autograd::grad({a}, {h_again}, {dy.matmul(w_low)})[0];  // through the activation
+    auto dw = mm_into(dy2.t(), a.detach().reshape({-1, a.size(-1)}), w_dtype);  // (C, H)
     return {dh, dw, torch::Tensor()};
   }
 };

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "model/fast/avx512.h"
 #include "model/fast/dot.h"
 #include "model/fast/rope.h"
 #include "model/fast/simd.h"
@@ -38,15 +39,6 @@ void prepare(const float* x, int64_t hs, double qk_norm_eps, const float* cos2, 
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// 16 values from p as fp32: fp32, or bf16 (raw bits, widened exactly). (The all-ones masked forms:
-// GCC 12's bug 105593, as decoder.cpp.)
-__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const uint16_t* p) {
-  constexpr __mmask16 all = 0xFFFF;
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, bits), 16));
-}
-
 // o = Σ_t w[t] v_t for hs = 16 NV, the sums held in registers (two sets, even and odd t: two
 // independent chains of adds). The plain loop below kept them in memory: every o[d] stored and
 // loaded again for each key.

@@ -29,6 +29,7 @@
 #endif
 
 #include "model/attention.h"
+#include "model/fast/avx512.h"
 #include "model/fast/decode_attention.h"
 #include "model/fast/dot.h"
 #include "model/fast/simd.h"
@@ -183,7 +184,7 @@ struct AddInt32 {
 template <typename T, typename Add = AddFp32>
 __attribute__((target("avx512f"), always_inline)) inline void sum_lanes(__m512 a0, __m512 a1, __m512 a2, __m512 a3,
                                                                        T (&s)[kRowBlock], Add add = {}) {
-  // (The all-ones masked forms, as in load16() below: GCC 12's bug 105593.)
+  // (The all-ones masked forms, as load16() (avx512.h): GCC 12's bug 105593.)
   constexpr __mmask16 all = 0xFFFF;
   // 256-bit halves: u01 = [a0 lo + a0 hi | a1 lo + a1 hi], 8 partial sums of each row
   const __m512 u01 = add(_mm512_maskz_shuffle_f32x4(all, a0, a1, 0x44), _mm512_maskz_shuffle_f32x4(all, a0, a1, 0xEE));
@@ -199,17 +200,10 @@ __attribute__((target("avx512f"), always_inline)) inline void sum_lanes(__m512 a
   for (int64_t k = 0; k < kRowBlock; ++k) s[k] = lanes[4 * k];
 }
 
-// 16 weights as fp32: loaded, or bf16 widened exactly (a zero-extend and a shift). GCC vectorises
-// LaneSums' bf16 widening over 8 lanes with separate multiplies and adds (full-preset model: 666-704
-// tok/s against 416-587 in fp32, where the fp32 loop runs 16-lane FMAs); the intrinsics below feed
+// Weights are loaded 16 at a time as fp32 by load16() (avx512.h): bf16 widened exactly. GCC
+// vectorises LaneSums' bf16 widening over 8 lanes with separate multiplies and adds (full-preset
+// model: 666-704 tok/s against 416-587 in fp32, where the fp32 loop runs 16-lane FMAs); load16 feeds
 // 16-lane FMAs either way.
-__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-__attribute__((target("avx512f"), always_inline)) inline __m512 load16(const uint16_t* p) {
-  // The all-ones masked forms: GCC 12 warns that the unmasked ones' undefined pass-through may be
-  // used uninitialised (its bug 105593).
-  const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, wide, 16));
-}
 
 // The lane sums in AVX-512 intrinsics: 16 weights of each of four rows into four FMAs per load of
 // x, then sum_lanes' tree (GCC keeps LaneSums' lane-by-lane order: it may not reassociate).
@@ -619,12 +613,6 @@ __attribute__((target("avx512f"), always_inline)) inline __m512i x4(const int8_t
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
 }
-// 16 bf16 (raw bits) widened to fp32. (The all-ones masked forms: GCC 12's bug 105593, as sum_lanes.)
-__attribute__((target("avx512f"), always_inline)) inline __m512 bf16x16(const uint8_t* p) {
-  constexpr __mmask16 all = 0xFFFF;
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, bits), 16));
-}
 
 // VPDPBUSD on the nibble planes: each 64-byte chunk is 16 rows x 8 columns; its low nibbles (masked)
 // and its high ones (shifted down 4, masked) each multiply four broadcast bytes of x, every lane a
@@ -652,9 +640,9 @@ void matvec_rows_int4_vnni(const Int4Tiles& w, const int8_t* __restrict xq, cons
           a3 = _mm512_dpbusd_epi32(a3, _mm512_and_si512(_mm512_srli_epi16(v1, 4), nibble), x4(xg + 8 * c + 12));
         }
         const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
-        const uint8_t* scale = p + kInt4Chunks * 64;
-        acc = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, sum), bf16x16(scale), acc);
-        acc = _mm512_fmadd_ps(bf16x16(scale + 32), _mm512_set1_ps(gsum[b * groups + g]), acc);
+        const auto* dm = reinterpret_cast<const uint16_t*>(p + kInt4Chunks * 64);  // the 16 rows' d, then their m (bf16)
+        acc = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, sum), load16(dm), acc);
+        acc = _mm512_fmadd_ps(load16(dm + 16), _mm512_set1_ps(gsum[b * groups + g]), acc);
       }
       alignas(64) float out[kInt4Tile];
       _mm512_store_ps(out, acc);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "model/fast/avx512.h"
 #include "model/fast/dot.h"
 #include "model/fast/simd.h"
 
@@ -85,10 +86,6 @@ NANOGPT_AVX512 Gelu16 gelu16(__m512 v) {
   return {_mm512_mul_ps(v, cdf), _mm512_fmadd_ps(_mm512_mul_ps(v, _mm512_set1_ps(0.39894228f)), e, cdf)};
 }
 
-NANOGPT_AVX512 __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-NANOGPT_AVX512 __m512 load16(const uint16_t* p) {  // bf16 -> fp32, exact
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
 NANOGPT_AVX512 void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 NANOGPT_AVX512 void store16(uint16_t* p, __m512 v) {  // to the nearest bf16, ties to even; NaN -> 0x7FC0 (simd.h)
   const __m512i b = _mm512_castps_si512(v);
