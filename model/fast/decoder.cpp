@@ -658,33 +658,57 @@ int64_t int4_bytes(int64_t rows, int64_t cols) {
   return (rows + kInt4Tile - 1) / kInt4Tile * int4_groups(cols) * kInt4GroupBytes;
 }
 
-void quantize_int4(const float* w, int64_t rows, int64_t cols, uint8_t* out) {
-  const int64_t groups = int4_groups(cols);
-  std::memset(out, 0, static_cast<size_t>(int4_bytes(rows, cols)));  // padding rows: u = 0, d = m = 0
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t k0 = g * kInt4Group, k1 = std::min(cols, k0 + kInt4Group);
-      float lo = w[r * cols + k0], hi = lo, nonfinite = 0.0f;
-      for (int64_t k = k0; k < k1; ++k) {
-        lo = std::min(lo, w[r * cols + k]);
-        hi = std::max(hi, w[r * cols + k]);
-        nonfinite += w[r * cols + k] - w[r * cols + k];  // NaN once any weight is NaN or inf
-      }
-      uint8_t* p = out + (r / kInt4Tile * groups + g) * kInt4GroupBytes;
-      const int64_t j = r % kInt4Tile;
-      const uint16_t d_bits = float_to_bf16_bits(nonfinite != 0.0f ? std::numeric_limits<float>::quiet_NaN()
-                                                                  : (hi - lo) / 15.0f);
-      const uint16_t m_bits = float_to_bf16_bits(nonfinite != 0.0f ? 0.0f : lo);
-      std::memcpy(p + kInt4Chunks * 64 + 2 * j, &d_bits, 2);
-      std::memcpy(p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), &m_bits, 2);
-      const float d = bf16_bits_to_float(d_bits), m = bf16_bits_to_float(m_bits);
-      for (int64_t k = k0; k < k1; ++k) {  // the nearest step to each weight, from the rounded d and m
-        const float v = d > 0.0f ? std::nearbyint((w[r * cols + k] - m) / d) : 0.0f;
-        const auto u = static_cast<uint8_t>(v > 15.0f ? 15.0f : v > 0.0f ? v : 0.0f);  // (NaN: 0)
-        const int64_t c = (k - k0) / 8, i = (k - k0) % 8;
-        p[c * 64 + 4 * j + i % 4] |= static_cast<uint8_t>(i < 4 ? u : u << 4);
-      }
+namespace {
+
+// Row j of a tile (its bytes zeroed, or those of a row written before) from w's `cols` weights,
+// group by group: d = (max - min) / 15 and m = min in bf16 (d NaN once a weight is NaN or
+// infinite), then each weight's nearest step u = (w - m) / d in 0..15 from the rounded d and m,
+// as an IEEE division and round-to-nearest-even in every lane.
+NANOGPT_SIMD_CLONES
+void quantize_int4_row(const float* __restrict w, int64_t cols, int64_t j, uint8_t* __restrict tile) {
+  uint8_t u[kInt4Group];
+  for (int64_t g = 0, k0 = 0; k0 < cols; ++g, k0 += kInt4Group) {
+    const int64_t n = std::min(kInt4Group, cols - k0);
+    const float* group = w + k0;
+    float lo = group[0], hi = group[0], nonfinite = 0.0f;
+#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(+ : nonfinite)
+    for (int64_t k = 0; k < n; ++k) {
+      lo = std::min(lo, group[k]);
+      hi = std::max(hi, group[k]);
+      nonfinite += group[k] - group[k];  // NaN once any weight is NaN or inf
     }
+    uint8_t* p = tile + g * kInt4GroupBytes;
+    const uint16_t d_bits = float_to_bf16_bits(nonfinite != 0.0f ? std::numeric_limits<float>::quiet_NaN()
+                                                                : (hi - lo) / 15.0f);
+    const uint16_t m_bits = float_to_bf16_bits(nonfinite != 0.0f ? 0.0f : lo);
+    std::memcpy(p + kInt4Chunks * 64 + 2 * j, &d_bits, 2);
+    std::memcpy(p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), &m_bits, 2);
+    const float d = bf16_bits_to_float(d_bits), m = bf16_bits_to_float(m_bits);
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) {
+      const float v = d > 0.0f ? std::nearbyint((group[k] - m) / d) : 0.0f;
+      u[k] = static_cast<uint8_t>(v > 15.0f ? 15.0f : v > 0.0f ? v : 0.0f);  // (NaN: 0)
+    }
+    std::fill(u + n, u + kInt4Group, uint8_t{0});  // columns past the matrix's end
+    for (int64_t c = 0; c < kInt4Chunks; ++c)  // row j's 4 bytes of chunk c: columns 0..3 low, 4..7 high
+      for (int64_t i = 0; i < 4; ++i) p[c * 64 + 4 * j + i] = static_cast<uint8_t>(u[8 * c + i] | u[8 * c + 4 + i] << 4);
+  }
+}
+
+}  // namespace
+
+// Tile by tile in parallel (a tile's bytes are its own): a full-preset model's 8M block weights
+// took ~28 ms as one scalar loop, ~6% of a 2,000-token sample.
+void quantize_int4(const float* w, int64_t rows, int64_t cols, uint8_t* out) {
+  const int64_t groups = int4_groups(cols), tiles = (rows + kInt4Tile - 1) / kInt4Tile;
+  at::parallel_for(0, tiles, std::max<int64_t>(1, 65536 / (kInt4Tile * std::max<int64_t>(cols, 1))),
+                   [&](int64_t t0, int64_t t1) {
+                     std::memset(out + t0 * groups * kInt4GroupBytes, 0,  // the padding rows: u = 0, d = m = 0
+                                 static_cast<size_t>((t1 - t0) * groups * kInt4GroupBytes));
+                     for (int64_t r = t0 * kInt4Tile; r < std::min(rows, t1 * kInt4Tile); ++r)
+                       quantize_int4_row(w + r * cols, cols, r % kInt4Tile,
+                                         out + r / kInt4Tile * groups * kInt4GroupBytes);
+                   });
 }
 
 float int4_weight(const Int4Tiles& w, int64_t r, int64_t c) {
