@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <tuple>
 
 #include "model/fast/chunked_attention.h"
@@ -95,6 +96,10 @@ void CausalSelfAttentionImpl::ensure_cache(torch::Tensor& cache, int64_t B, cons
     return;
   auto buffer = torch::empty({B, n_kv_head_, block_size_, head_size_}, options);  // (B, nkv, block, hs)
   const int64_t filled = std::min(start_pos, block_size_);                        // slots holding earlier positions
+  if (filled > 0 && cache.defined() && cache.dim() != 4)  // the quantized decoder's int8 keys and values
+    throw std::invalid_argument(
+        "[model] the KV cache holds the quantized decoder's int8 keys and values, which only it reads: clear the "
+        "cache and recompute the window");
   if (filled > 0) buffer.narrow(2, 0, filled).copy_(cache.narrow(2, 0, filled));
   cache = buffer;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -84,15 +85,20 @@ bool weighted_values_avx512(const T*, int64_t, int64_t, const float*, float*) { 
 
 // p[t] = softmax(p · scale)[t] and o = Σ_t p[t] v_t over Tk values (Tk, hs), fp32 or bf16 (raw
 // bits), in fp32.
-template <typename T>
-__attribute__((always_inline)) inline void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
-                                                                 float scale, float* __restrict p,
-                                                                 float* __restrict o) {
+// p = softmax(p · scale) over Tk scores, in place.
+__attribute__((always_inline)) inline void softmax_in_place(float* __restrict p, int64_t Tk, float scale) {
 #pragma omp simd
   for (int64_t t = 0; t < Tk; ++t) p[t] *= scale;
   const float inv_total = 1.0f / exp_shifted_sum(p, max_of(p, Tk), p, Tk);  // p = exp(p - max)
 #pragma omp simd
   for (int64_t t = 0; t < Tk; ++t) p[t] *= inv_total;  // the weights
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
+                                                                 float scale, float* __restrict p,
+                                                                 float* __restrict o) {
+  softmax_in_place(p, Tk, scale);
   if (weighted_values_avx512(values, Tk, hs, p, o)) return;
   std::fill(o, o + hs, 0.0f);
   for (int64_t t = 0; t < Tk; ++t) {
@@ -234,6 +240,153 @@ void decode_attention_groups(const float* in, uint16_t* kc, uint16_t* vc, float*
                              const float* rope_sin2, double qk_norm_eps, int64_t begin, int64_t end, float* scratch) {
   attention_groups(in, kc, vc, out, block, hs, pos, n_head, n_kv_head, rope_cos2, rope_sin2, qk_norm_eps, begin, end,
                    scratch);
+}
+
+}  // namespace nanogpt::model
+
+// ---- The int8 cache ----
+
+namespace nanogpt::model {
+namespace {
+
+constexpr int64_t kKeyTile = 16;  // keys a tile: one AVX-512 register of int32 scores
+
+int64_t key_tiles(int64_t block) { return (block + kKeyTile - 1) / kKeyTile; }
+int64_t whole_lines(int64_t bytes) { return (bytes + 63) / 64 * 64; }  // each kv head's bytes start on a line
+// The scales after the tiles (a multiple of 64 bytes) and after the rows (hs a multiple of 4).
+float* key_scales(uint8_t* keys, int64_t block, int64_t hs) {
+  return reinterpret_cast<float*>(keys + key_tiles(block) * kKeyTile * hs);
+}
+const float* key_scales(const uint8_t* keys, int64_t block, int64_t hs) {
+  return reinterpret_cast<const float*>(keys + key_tiles(block) * kKeyTile * hs);
+}
+float* value_scales(uint8_t* values, int64_t block, int64_t hs) { return reinterpret_cast<float*>(values + block * hs); }
+const float* value_scales(const uint8_t* values, int64_t block, int64_t hs) {
+  return reinterpret_cast<const float*>(values + block * hs);
+}
+
+// The integer part of the scores: p[t] = Σ_d (k8_td + 128) q8_d for the tiles covering t < Tk
+// (p has room for whole tiles), exact in int32, as floats. Portable loops and the VNNI kernel give
+// the same numbers.
+void int8_dots_portable(const uint8_t* keys, int64_t hs, int64_t Tk, const int8_t* q8, float* p) {
+  for (int64_t tile = 0; tile * kKeyTile < Tk; ++tile) {
+    const uint8_t* k = keys + tile * kKeyTile * hs;
+    int32_t sum[kKeyTile] = {};
+    for (int64_t c = 0; c < hs / 4; ++c)
+      for (int64_t j = 0; j < kKeyTile; ++j)
+        for (int64_t i = 0; i < 4; ++i) sum[j] += int32_t{k[c * 64 + 4 * j + i]} * int32_t{q8[4 * c + i]};
+    for (int64_t j = 0; j < kKeyTile; ++j) p[tile * kKeyTile + j] = static_cast<float>(sum[j]);
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// VPDPBUSD: a 64-byte chunk is 4 dims of 16 keys, against 4 bytes of the query in every lane; each
+// lane a key, so a tile's 16 scores come out in one register with no sums across lanes. Four sums
+// in turn (the instruction's latency).
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void int8_dots_vnni(const uint8_t* keys, int64_t hs, int64_t Tk,
+                                                                             const int8_t* q8, float* p) {
+  const int64_t chunks = hs / 4;
+  for (int64_t tile = 0; tile * kKeyTile < Tk; ++tile) {
+    const uint8_t* k = keys + tile * kKeyTile * hs;
+    __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    int64_t c = 0;
+    for (; c + 4 <= chunks; c += 4)
+      for (int s = 0; s < 4; ++s) {
+        int32_t q4;
+        std::memcpy(&q4, q8 + 4 * (c + s), 4);
+        a[s] = _mm512_dpbusd_epi32(a[s], _mm512_loadu_si512(k + (c + s) * 64), _mm512_set1_epi32(q4));
+      }
+    for (; c < chunks; ++c) {
+      int32_t q4;
+      std::memcpy(&q4, q8 + 4 * c, 4);
+      a[0] = _mm512_dpbusd_epi32(a[0], _mm512_loadu_si512(k + c * 64), _mm512_set1_epi32(q4));
+    }
+    const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3]));
+    _mm512_storeu_ps(p + tile * kKeyTile, _mm512_maskz_cvtepi32_ps(0xFFFF, sum));  // (masked: GCC 12 bug 105593)
+  }
+}
+#endif
+
+// p[t] = k_t · q over the filled slots, from the int8 keys: sk_t sq (Σ_d (k8_td + 128) q8_d − 128 Σ_d q8_d).
+void int8_scores(const uint8_t* keys, int64_t block, int64_t hs, int64_t Tk, const float* q, int8_t* q8, float* p) {
+  int32_t qsum = 0;
+  const float sq = quantize_row_int8(q, hs, q8, &qsum);
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (vnni_kernels()) int8_dots_vnni(keys, hs, Tk, q8, p);
+  else int8_dots_portable(keys, hs, Tk, q8, p);
+#else
+  int8_dots_portable(keys, hs, Tk, q8, p);
+#endif
+  const float* sk = key_scales(keys, block, hs);
+  const float offset = 128.0f * static_cast<float>(qsum);  // exact, as the sums are, for hs <= 512
+  for (int64_t t = 0; t < Tk; ++t) p[t] = (p[t] - offset) * (sk[t] * sq);
+}
+
+// p = softmax(p · scale); then the weights times each value's scale, and o = Σ_t w_t v8_t in fp32.
+__attribute__((target_clones("avx512f", "fma", "default")))
+void softmax_int8_values(const int8_t* __restrict values, const float* __restrict sv, int64_t Tk, int64_t hs,
+                         float scale, float* __restrict p, float* __restrict o) {
+  softmax_in_place(p, Tk, scale);
+#pragma omp simd
+  for (int64_t t = 0; t < Tk; ++t) p[t] *= sv[t];
+  if (weighted_values_avx512(values, Tk, hs, p, o)) return;
+  std::fill(o, o + hs, 0.0f);
+  for (int64_t t = 0; t < Tk; ++t) {
+    const int8_t* v = values + t * hs;
+    for (int64_t d = 0; d < hs; ++d) o[d] += p[t] * load_float(v[d]);
+  }
+}
+
+}  // namespace
+
+int64_t int8_keys_bytes(int64_t block, int64_t hs) { return whole_lines(key_tiles(block) * kKeyTile * (hs + 4)); }
+int64_t int8_values_bytes(int64_t block, int64_t hs) { return whole_lines(block * (hs + 4)); }
+
+void int8_kv_write(uint8_t* keys, uint8_t* values, int64_t block, int64_t hs, int64_t slot, const float* k,
+                   const float* v, int8_t* row) {
+  int32_t sum = 0;
+  key_scales(keys, block, hs)[slot] = quantize_row_int8(k, hs, row, &sum);
+  uint8_t* tile = keys + slot / kKeyTile * kKeyTile * hs;
+  const int64_t j = slot % kKeyTile;
+  for (int64_t c = 0; c < hs / 4; ++c)
+    for (int64_t i = 0; i < 4; ++i) tile[c * 64 + 4 * j + i] = static_cast<uint8_t>(row[4 * c + i] + 128);
+  value_scales(values, block, hs)[slot] = quantize_row_int8(v, hs, row, &sum);
+  std::memcpy(values + slot * hs, row, static_cast<size_t>(hs));
+}
+
+void int8_kv_read(const uint8_t* keys, const uint8_t* values, int64_t block, int64_t hs, int64_t slot, float* k,
+                  float* v) {
+  const uint8_t* tile = keys + slot / kKeyTile * kKeyTile * hs;
+  const int64_t j = slot % kKeyTile;
+  const float sk = key_scales(keys, block, hs)[slot], sv = value_scales(values, block, hs)[slot];
+  for (int64_t d = 0; d < hs; ++d) {
+    k[d] = sk * static_cast<float>(int32_t{tile[d / 4 * 64 + 4 * j + d % 4]} - 128);
+    v[d] = sv * static_cast<float>(static_cast<int8_t>(values[slot * hs + d]));
+  }
+}
+
+void decode_attention_groups_int8(const float* in, uint8_t* kc, uint8_t* vc, float* out, int64_t block, int64_t hs,
+                                  int64_t pos, int64_t n_head, int64_t n_kv_head, const float* rope_cos2,
+                                  const float* rope_sin2, double qk_norm_eps, int64_t begin, int64_t end,
+                                  float* scratch) {
+  const Layout L(block, hs, pos, n_head, n_kv_head);
+  const int64_t key_bytes = int8_keys_bytes(block, hs), value_bytes = int8_values_bytes(block, hs);
+  float *q = scratch, *normed = scratch + hs, *p = scratch + 3 * hs;
+  auto* row = reinterpret_cast<int8_t*>(scratch + 2 * hs);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t b = item / n_kv_head, j = item % n_kv_head;
+    uint8_t* keys = kc + item * key_bytes;  // item = b * n_kv_head + j
+    uint8_t* values = vc + item * value_bytes;
+    prepare(in + b * L.width + (n_head + j) * hs, hs, qk_norm_eps, rope_cos2, rope_sin2, normed, q);  // the new key
+    int8_kv_write(keys, values, block, hs, L.slot, q, in + b * L.width + (n_head + n_kv_head + j) * hs, row);
+    for (int64_t h = j * L.group; h < (j + 1) * L.group; ++h) {
+      prepare(in + b * L.width + h * hs, hs, qk_norm_eps, rope_cos2, rope_sin2, normed, q);
+      int8_scores(keys, block, hs, L.Tk, q, row, p);
+      softmax_int8_values(reinterpret_cast<const int8_t*>(values), value_scales(values, block, hs), L.Tk, hs, scale, p,
+                          out + b * n_head * hs + h * hs);
+    }
+  }
 }
 
 }  // namespace nanogpt::model

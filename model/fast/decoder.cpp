@@ -319,6 +319,7 @@ void round_rows_to_bf16(const float* __restrict x, int64_t x_stride, int64_t B, 
 
 bool avx512_kernels() { return kernels() != Kernels::portable; }
 bool avx512_bf16_kernels() { return kernels() == Kernels::avx512_bf16; }
+bool vnni_kernels() { return kernel_choice().vnni; }
 
 void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
@@ -500,16 +501,15 @@ float quantize_row_int8_avx512(const float* __restrict x, int64_t cols, int8_t* 
 }
 #endif
 
-// x (cols) -> xq and its scale, as quantize_row_int8_portable says: the AVX-512 version unless
-// NANOGPT_KERNELS=portable.
+}  // namespace
+
+// The AVX-512 version unless NANOGPT_KERNELS=portable.
 float quantize_row_int8(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
 #if NANOGPT_X86_INTRINSICS
   if (avx512_kernels()) return quantize_row_int8_avx512(x, cols, xq, sum);
 #endif
   return quantize_row_int8_portable(x, cols, xq, sum);
 }
-
-}  // namespace
 
 void quantize_rows_int8(const float* w, int64_t rows, int64_t cols, uint8_t* q, float* scale) {
   std::vector<int8_t> row(cols);  // the same rule as each product's input (NaN scale and zeros for a damaged row)
@@ -530,7 +530,7 @@ void matvec_rows(const Int8Rows& w, const float* __restrict x, int64_t x_stride,
   xsum.resize(B);
   for (int64_t b = 0; b < B; ++b) xs[b] = quantize_row_int8(x + b * x_stride, cols, xq.data() + b * cols, &xsum[b]);
 #if NANOGPT_X86_INTRINSICS
-  if (kernel_choice().vnni)
+  if (vnni_kernels())
     return matvec_rows_int8_vnni(w, xq.data(), xs.data(), xsum.data(), B, cols, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_rows_int8_portable(w, xq.data(), xs.data(), xsum.data(), B, cols, r0, r1, y, y_stride, accumulate);
@@ -728,7 +728,7 @@ void matvec_rows(const Int4Tiles& w, const float* __restrict x, int64_t x_stride
   thread_local std::vector<float> s, gsum;
   quantize_rows_for_int4(x, x_stride, B, w.cols, xq, s, gsum);
 #if NANOGPT_X86_INTRINSICS
-  if (kernel_choice().vnni)
+  if (vnni_kernels())
     return matvec_rows_int4_vnni(w, xq.data(), s.data(), gsum.data(), B, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_rows_int4_portable(w, xq.data(), s.data(), gsum.data(), B, r0, r1, y, y_stride, accumulate);
@@ -793,6 +793,7 @@ Decoder::Decoder(GPTImpl& model, Quantize quantize)
                                             : Activation::gelu),
       bf16_(at::autocast::is_autocast_enabled(at::kCPU)),
       quantize_(quantize),
+      kv_int8_(quantize != Quantize::none && int8_kv_supported(config_.head_size())),
       unit_(quantize == Quantize::int4 ? kInt4Tile : kRowBlock) {
   if (!decoder_supports(model))
     throw std::invalid_argument(
@@ -977,6 +978,37 @@ void Decoder::ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const {
   t = buffer;
 }
 
+void Decoder::ensure_int8_cache(torch::Tensor& k, torch::Tensor& v, int64_t B, int64_t start) const {
+  const int64_t block = config_.block_size, key_bytes = int8_keys_bytes(block, hs_),
+                value_bytes = int8_values_bytes(block, hs_);
+  const auto ours = [&](const torch::Tensor& t, int64_t bytes) {
+    return t.defined() && t.dim() == 3 && t.size(0) == B && t.size(1) == nkv_ && t.size(2) == bytes &&
+           t.scalar_type() == torch::kByte && t.device().is_cpu() && t.is_contiguous();
+  };
+  if (ours(k, key_bytes) && ours(v, value_bytes)) return;
+  const int64_t filled = std::min(start, block);  // slots holding earlier positions
+  const auto general = [&](const torch::Tensor& t) {
+    return t.defined() && t.dim() == 4 && t.size(0) == B && t.size(1) == nkv_ && t.size(2) == block &&
+           t.size(3) == hs_;
+  };
+  if (filled > 0 && !(general(k) && general(v)))
+    throw std::invalid_argument(fmt::format(
+        "[model] the KV cache holds {} positions but not for a batch of {} (clear it, or keep the batch size)", start, B));
+  auto keys = torch::zeros({B, nkv_, key_bytes}, torch::kByte), values = torch::zeros({B, nkv_, value_bytes}, torch::kByte);
+  if (filled > 0) {  // the general path's cache: quantize its filled slots
+    const auto k32 = k.narrow(2, 0, filled).to(torch::kFloat).contiguous(), v32 = v.narrow(2, 0, filled).to(torch::kFloat).contiguous();
+    std::vector<int8_t> row(hs_);
+    for (int64_t item = 0; item < B * nkv_; ++item)
+      for (int64_t slot = 0; slot < filled; ++slot) {
+        const int64_t at = (item * filled + slot) * hs_;
+        int8_kv_write(keys.data_ptr<uint8_t>() + item * key_bytes, values.data_ptr<uint8_t>() + item * value_bytes, block,
+                      hs_, slot, k32.data_ptr<float>() + at, v32.data_ptr<float>() + at, row.data());
+      }
+  }
+  k = keys;
+  v = values;
+}
+
 torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   if (tokens.dim() != 1 || tokens.size(0) < 1 || tokens.scalar_type() != torch::kLong || !tokens.device().is_cpu())
     throw std::invalid_argument("[model] the decoder takes one int64 token per sequence on the CPU, (B,)");
@@ -1025,10 +1057,14 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   const float* cos2 = rope_ ? rope_->cos2_row(pos) : nullptr;
   const float* sin2 = rope_ ? rope_->sin2_row(pos) : nullptr;
   const double qk_eps = config_.qk_norm ? CausalSelfAttentionImpl::qk_norm_eps : 0.0;
-  std::vector<void*> k_cache(config_.n_layer), v_cache(config_.n_layer);  // fp32, or bf16 with bf16_
+  std::vector<void*> k_cache(config_.n_layer), v_cache(config_.n_layer);  // fp32, bf16 with bf16_, int8 with kv_int8_
   for (int64_t i = 0; i < config_.n_layer; ++i) {  // everything that may throw, before the parallel region
-    ensure_cache(cache.k[i], B, pos);
-    ensure_cache(cache.v[i], B, pos);
+    if (kv_int8_) {
+      ensure_int8_cache(cache.k[i], cache.v[i], B, pos);
+    } else {
+      ensure_cache(cache.k[i], B, pos);
+      ensure_cache(cache.v[i], B, pos);
+    }
     k_cache[i] = cache.k[i].data_ptr();
     v_cache[i] = cache.v[i].data_ptr();
   }
@@ -1078,7 +1114,10 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
         decode_attention_groups(qkv, kc, vc, att, block, hs_, pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1,
                                 scratch);
       };
-      if (bf16_) attend(static_cast<uint16_t*>(k_cache[i]), static_cast<uint16_t*>(v_cache[i]));
+      if (kv_int8_)
+        decode_attention_groups_int8(qkv, static_cast<uint8_t*>(k_cache[i]), static_cast<uint8_t*>(v_cache[i]), att,
+                                     block, hs_, pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1, scratch);
+      else if (bf16_) attend(static_cast<uint16_t*>(k_cache[i]), static_cast<uint16_t*>(v_cache[i]));
       else attend(static_cast<float*>(k_cache[i]), static_cast<float*>(v_cache[i]));
       barrier();
       l.o_w.rows(att, C, B, C, c0, c1, x, C, /*accumulate=*/true);  // the residual add, in place

@@ -52,8 +52,10 @@ class Decoder {
   /// time. Quantize::int4: the blocks' matrices (Q/K/V, the projections, the MLP) in 4 bits a
   /// weight with a scale and a minimum every 64 columns (dot.h: Int4Tiles), their inputs in int8;
   /// the embeddings and the head as with int8. The logits then differ from the model's by the
-  /// quantization's error (BENCHMARKS.md measures what each costs a trained model's loss). The KV
-  /// cache is as without them (bf16 under autocast, else fp32).
+  /// quantization's error (BENCHMARKS.md measures what each costs a trained model's loss). With
+  /// either, the KV cache is int8 too (decode_attention.h: a scale a position and head, the scores
+  /// as integer dot products), where the head size is a multiple of 4; else as without them (bf16
+  /// under autocast, else fp32).
   explicit Decoder(GPTImpl& model, Quantize quantize = Quantize::none);
 
   /// Whether the matrices are packed in bf16 (built under CPU bf16 autocast, not quantized).
@@ -65,7 +67,8 @@ class Decoder {
   /// their keys and values to `cache` as GPT::forward_cached does (the same ring layout, so a cache
   /// filled by one continues with the other; the decoder keeps it in fp32, or in bf16 when built
   /// under autocast) and returns the logits of the new tokens, (B, V) fp32, as forward_cached
-  /// would. Past block_size only with RoPE (the sliding window).
+  /// would. Past block_size only with RoPE (the sliding window). A quantized decoder's int8 cache
+  /// is its own: it goes on from a cache forward_cached filled (quantizing it), not the other way.
   /// Throws std::invalid_argument ("[model] ...") for a token id outside the vocabulary or a
   /// position the model cannot take.
   torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
@@ -101,6 +104,9 @@ class Decoder {
   /// Makes cache layer tensors (B, nkv, block, hs) contiguous, fp32 (bf16 with bf16_), keeping the
   /// filled slots.
   void ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const;
+  /// The same for a layer's int8 keys and values (kv_int8_): (B, nkv, bytes) uint8, zeroed when
+  /// made; a cache in the general path's layout is quantized slot by slot.
+  void ensure_int8_cache(torch::Tensor& k, torch::Tensor& v, int64_t B, int64_t start) const;
 
   ModelConfig config_;
   int64_t C_, hs_, nkv_, qkv_width_, fc_out_, hidden_;
@@ -108,6 +114,7 @@ class Decoder {
   enum class Activation { gelu, relu2, swiglu } activation_;
   bool bf16_;  // under CPU bf16 autocast: the KV cache in bf16, and the matrices unless quantized
   Quantize quantize_;
+  bool kv_int8_;  // quantized, and a head size int8_kv_supported: the KV cache in int8
   int64_t unit_;  // rows of the blocks' matrices that stay together on a thread: kInt4Tile for int4
   torch::Tensor packed_;       // every fp32 weight the decoder reads (int8: the row scales too), one allocation
   torch::Tensor packed_bf16_;  // bf16_, not quantized: the matrices, one allocation

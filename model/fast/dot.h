@@ -46,6 +46,15 @@ void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x
 void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
 
+/// Whether the int8 dot products may use AVX512-VNNI (VPDPBUSD): the CPU has it and NANOGPT_KERNELS
+/// caps the kernels at neither avx512f nor portable.
+bool vnni_kernels();
+
+/// x (n values) -> q = nearbyint(x / s), s = max|x| / 127 (1 for zeros), clamped to ±127; returns s,
+/// and Σ q in *sum. NaN or inf in x: s is NaN and q zeros. (Each product's input, and with
+/// `--quantize` the KV cache's keys, values and queries.)
+float quantize_row_int8(const float* __restrict x, int64_t n, int8_t* __restrict q, int32_t* sum);
+
 /// A weight matrix (rows, cols) quantized to int8 row by row, as dynamic quantization does
 /// (torch.ao.quantization.quantize_dynamic's per-channel weights): row r is scale[r] * (q[r] - 128),
 /// the 8-bit integer stored offset by 128 (as unsigned bytes: the operand AVX512-VNNI's dot

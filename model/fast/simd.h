@@ -40,9 +40,11 @@ inline uint16_t float_to_bf16_bits(float v) {
   return static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
 }
 
-/// Element access in fp32 for the loops that take both dtypes: fp32 as is, bf16 as its raw bits.
+/// Element access in fp32 for the loops that take several dtypes: fp32 as is, bf16 as its raw bits,
+/// int8 as its integer.
 inline float load_float(float v) { return v; }
 inline float load_float(uint16_t bf16) { return bf16_bits_to_float(bf16); }
+inline float load_float(int8_t v) { return static_cast<float>(v); }
 inline void store_float(float v, float* out) { *out = v; }
 inline void store_float(float v, uint16_t* bf16) { *bf16 = float_to_bf16_bits(v); }
 
