@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "model/fast/thread_choice.h"
@@ -207,5 +208,33 @@ TEST(WorkSplit, UnusableTimesLeaveTheSplitAsItIs) {
     const double busy[2] = {1e-4, bad};
     split.update(busy);
     EXPECT_EQ(split.fraction(0), before) << bad;
+  }
+}
+
+// TeamBarrier: no thread leaves a barrier before every thread has reached it, and what each wrote
+// before it is what the others read after it: in every round each thread writes the round into its
+// cell, passes a barrier, checks every cell, and passes another before the next round writes. More
+// threads than the machine's cores too (the waiting threads must yield theirs), and a barrier reset
+// for a smaller team.
+TEST(TeamBarrier, EveryThreadSeesWhatTheOthersWroteBeforeIt) {
+  using nanogpt::model::TeamBarrier;
+  TeamBarrier barrier;
+  for (int team : {2, 4, 3}) {
+    barrier.reset(team);
+    ASSERT_EQ(barrier.team(), team);
+    constexpr int kRounds = 2000;
+    std::vector<int> cell(team, -1), wrong(team, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < team; ++t)
+      threads.emplace_back([&, t] {
+        for (int round = 0; round < kRounds; ++round) {
+          cell[t] = round;
+          barrier.wait(t);
+          for (int u = 0; u < team; ++u) wrong[t] += cell[u] != round;
+          barrier.wait(t);
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < team; ++t) EXPECT_EQ(wrong[t], 0) << "team " << team << ", thread " << t;
   }
 }

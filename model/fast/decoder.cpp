@@ -1079,6 +1079,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   // layer. (A region per product, ~20 a token, cost more in waking the other thread than it saved
   // on the CPU-preset model.)
   bool split_measured = false;  // whether the region ran on split_'s team and timed every thread
+  barrier_.reset(threads);
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     const auto start = std::chrono::steady_clock::now();
@@ -1089,9 +1090,14 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
       return measured ? split_.share(n, unit, tid) : WorkSplit::equal_share(n, unit, tid, team);
     };
     double waited = 0.0;  // seconds at the barriers
-    const auto barrier = [&waited] {
+    const bool whole_team = team == barrier_.team();  // (else libgomp's barrier)
+    const auto barrier = [&waited, whole_team, tid, this] {
       const auto arrived = std::chrono::steady_clock::now();
+      if (whole_team) {
+        barrier_.wait(tid);
+      } else {
 #pragma omp barrier
+      }
       waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
     };
     float* xn = xn_.data() + tid * B * C;

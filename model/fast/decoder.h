@@ -129,6 +129,7 @@ class Decoder {
 
   ThreadChoice threads_;  // whether a token's products run on all threads or one, by measurement
   WorkSplit split_;            // each thread's share of the rows, by measured speed
+  TeamBarrier barrier_;        // the token's barriers, on a team of all threads
   std::vector<double> busy_;  // each thread's working seconds in the last token
 };
 

@@ -3,6 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace nanogpt::model {
 
@@ -77,6 +82,32 @@ void WorkSplit::update(const double* busy) {
   }
   for (int t = 0; t < n; ++t) bounds_[t + 1] = bounds_[t] + f[t] / sum;
   bounds_[n] = 1.0;
+}
+
+void TeamBarrier::reset(int team) {
+  if (team != team_) {
+    slots_ = std::make_unique<Slot[]>(static_cast<size_t>(std::max(team, 1)));
+    team_ = team;
+  }
+  for (int t = 0; t < team_; ++t) slots_[t].passed.store(0, std::memory_order_relaxed);
+}
+
+void TeamBarrier::wait(int tid) {
+  auto& mine = slots_[tid].passed;
+  const int64_t n = mine.load(std::memory_order_relaxed) + 1;  // only this thread writes its slot
+  mine.store(n, std::memory_order_release);                     // what it wrote before, to the others
+  for (int t = 0; t < team_; ++t) {
+    if (t == tid) continue;
+    for (int64_t spins = 0; slots_[t].passed.load(std::memory_order_acquire) < n; ++spins) {
+      if (spins >= kSpins) {
+        std::this_thread::yield();
+        continue;
+      }
+#if defined(__x86_64__)
+      _mm_pause();
+#endif
+    }
+  }
 }
 
 }  // namespace nanogpt::model
