@@ -1075,7 +1075,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
 
   // One parallel region for the whole token: each thread takes its share of every product (whole
   // row blocks, in the fractions split_ keeps by the threads' measured speeds) and of the kv heads,
-  // and waits at a barrier only where the next step reads what all of them wrote: four times a
+  // and waits at a barrier only where the next step reads what all of them wrote: five times a
   // layer. (A region per product, ~20 a token, cost more in waking the other thread than it saved
   // on the CPU-preset model.)
   bool split_measured = false;  // whether the region ran on split_'s team and timed every thread

@@ -85,10 +85,11 @@ void WorkSplit::update(const double* busy) {
 }
 
 void TeamBarrier::reset(int team) {
-  if (team != team_) {
-    slots_ = std::make_unique<Slot[]>(static_cast<size_t>(std::max(team, 1)));
-    team_ = team;
+  if (team > capacity_) {  // (the decoder's thread trials switch between 1 and all threads)
+    slots_ = std::make_unique<Slot[]>(static_cast<size_t>(team));
+    capacity_ = team;
   }
+  team_ = team;
   for (int t = 0; t < team_; ++t) slots_[t].passed.store(0, std::memory_order_relaxed);
 }
 

@@ -124,7 +124,7 @@ class TeamBarrier {
     std::atomic<int64_t> passed{0};
   };
   std::unique_ptr<Slot[]> slots_;
-  int team_ = 0;
+  int team_ = 0, capacity_ = 0;
 };
 
 }  // namespace nanogpt::model
