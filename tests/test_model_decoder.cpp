@@ -404,7 +404,8 @@ TEST(DecodeAttention, Int8CacheIsSoftmaxOfItsScoresTimesValues) {
                                    std::to_string(pos);
           const int64_t Tk = std::min(pos + 1, block), slot = pos % block;
           const int64_t key_bytes = int8_keys_bytes(block, hs), value_bytes = int8_values_bytes(block, hs);
-          auto keys = torch::zeros({n_kv, key_bytes}, torch::kByte), values = torch::zeros({n_kv, value_bytes}, torch::kByte);
+          auto keys = torch::zeros({n_kv, key_bytes}, torch::kByte);
+          auto values = torch::zeros({n_kv, value_bytes}, torch::kByte);
           std::vector<int8_t> row(hs);
           auto k = torch::randn({n_kv, block, hs}) * 1.5, v = torch::randn({n_kv, block, hs});
           k[0][0].mul_(1e-3);  // a tiny row: its own scale
@@ -428,7 +429,8 @@ TEST(DecodeAttention, Int8CacheIsSoftmaxOfItsScoresTimesValues) {
             for (int64_t t = 0; t < Tk; ++t) {
               int8_kv_read(keys[j].data_ptr<uint8_t>(), values[j].data_ptr<uint8_t>(), block, hs, t,
                            held_k[j][t].data_ptr<float>(), held_v[j][t].data_ptr<float>());
-              for (auto [held, given, name] : {std::tuple{held_k[j][t], k[j][t], "key"}, {held_v[j][t], v[j][t], "value"}}) {
+              for (auto [held, given, name] :
+                   {std::tuple{held_k[j][t], k[j][t], "key"}, {held_v[j][t], v[j][t], "value"}}) {
                 const double step = given.abs().max().item<double>() / 127;
                 EXPECT_LE((held - given).abs().max().item<double>(), 0.5 * step * (1 + 1e-5))
                     << what << ", " << name << " " << t;
@@ -441,7 +443,8 @@ TEST(DecodeAttention, Int8CacheIsSoftmaxOfItsScoresTimesValues) {
             int32_t sum = 0;
             const double sq = quantize_row_int8(q.data_ptr<float>(), hs, q8.data(), &sum);
             auto q_held = torch::tensor(std::vector<double>(q8.begin(), q8.end()), torch::kDouble) * sq;
-            auto weights = torch::softmax(held_k[j].to(torch::kDouble).mv(q_held) / std::sqrt(static_cast<double>(hs)), 0);
+            auto scores = held_k[j].to(torch::kDouble).mv(q_held) / std::sqrt(static_cast<double>(hs));
+            auto weights = torch::softmax(scores, 0);
             auto want = held_v[j].to(torch::kDouble).t().mv(weights);
             auto got = out.narrow(0, h * hs, hs).to(torch::kDouble);
             EXPECT_LE((got - want).abs().max().item<double>(), 1e-5 * held_v[j].abs().max().item<double>())

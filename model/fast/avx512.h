@@ -10,8 +10,8 @@
 namespace nanogpt::model {
 
 /// 16 values from p as fp32: fp32 loaded, bf16 (raw bits) widened exactly (a zero-extend and a
-/// shift), or int8 converted. The all-ones masked forms: GCC 12 warns that the unmasked ones' undefined pass-through
-/// may be used uninitialised (its bug 105593).
+/// shift), or int8 converted. The all-ones masked forms: GCC 12 warns that the unmasked ones'
+/// undefined pass-through may be used uninitialised (its bug 105593).
 __attribute__((target("avx512f"), always_inline)) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 __attribute__((target("avx512f"), always_inline)) inline __m512 load16(const uint16_t* p) {
   constexpr __mmask16 all = 0xFFFF;

@@ -83,8 +83,6 @@ template <typename T>
 bool weighted_values_avx512(const T*, int64_t, int64_t, const float*, float*) { return false; }
 #endif
 
-// p[t] = softmax(p · scale)[t] and o = Σ_t p[t] v_t over Tk values (Tk, hs), fp32 or bf16 (raw
-// bits), in fp32.
 // p = softmax(p · scale) over Tk scores, in place.
 __attribute__((always_inline)) inline void softmax_in_place(float* __restrict p, int64_t Tk, float scale) {
 #pragma omp simd
@@ -94,6 +92,8 @@ __attribute__((always_inline)) inline void softmax_in_place(float* __restrict p,
   for (int64_t t = 0; t < Tk; ++t) p[t] *= inv_total;  // the weights
 }
 
+// p[t] = softmax(p · scale)[t] and o = Σ_t p[t] v_t over Tk values (Tk, hs), fp32 or bf16 (raw
+// bits), in fp32.
 template <typename T>
 __attribute__((always_inline)) inline void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
                                                                  float scale, float* __restrict p,
@@ -242,11 +242,8 @@ void decode_attention_groups(const float* in, uint16_t* kc, uint16_t* vc, float*
                    scratch);
 }
 
-}  // namespace nanogpt::model
-
 // ---- The int8 cache ----
 
-namespace nanogpt::model {
 namespace {
 
 constexpr int64_t kKeyTile = 16;  // keys a tile: one AVX-512 register of int32 scores
@@ -260,7 +257,9 @@ float* key_scales(uint8_t* keys, int64_t block, int64_t hs) {
 const float* key_scales(const uint8_t* keys, int64_t block, int64_t hs) {
   return reinterpret_cast<const float*>(keys + key_tiles(block) * kKeyTile * hs);
 }
-float* value_scales(uint8_t* values, int64_t block, int64_t hs) { return reinterpret_cast<float*>(values + block * hs); }
+float* value_scales(uint8_t* values, int64_t block, int64_t hs) {
+  return reinterpret_cast<float*>(values + block * hs);
+}
 const float* value_scales(const uint8_t* values, int64_t block, int64_t hs) {
   return reinterpret_cast<const float*>(values + block * hs);
 }

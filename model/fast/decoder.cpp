@@ -691,7 +691,8 @@ void quantize_int4_row(const float* __restrict w, int64_t cols, int64_t j, uint8
     }
     std::fill(u + n, u + kInt4Group, uint8_t{0});  // columns past the matrix's end
     for (int64_t c = 0; c < kInt4Chunks; ++c)  // row j's 4 bytes of chunk c: columns 0..3 low, 4..7 high
-      for (int64_t i = 0; i < 4; ++i) p[c * 64 + 4 * j + i] = static_cast<uint8_t>(u[8 * c + i] | u[8 * c + 4 + i] << 4);
+      for (int64_t i = 0; i < 4; ++i)
+        p[c * 64 + 4 * j + i] = static_cast<uint8_t>(u[8 * c + i] | u[8 * c + 4 + i] << 4);
   }
 }
 
@@ -714,8 +715,10 @@ void quantize_int4_row_avx512(const float* __restrict w, int64_t cols, int64_t j
       bad |= _mm512_cmp_ps_mask(_mm512_maskz_sub_ps(all, v[k], v[k]), _mm512_setzero_ps(), _CMP_NEQ_UQ);  // NaN or inf
     }
     alignas(64) float low[16], high[16];  // (the lanes reduced through memory: the same bug)
-    _mm512_store_ps(low, _mm512_maskz_min_ps(all, _mm512_maskz_min_ps(all, v[0], v[1]), _mm512_maskz_min_ps(all, v[2], v[3])));
-    _mm512_store_ps(high, _mm512_maskz_max_ps(all, _mm512_maskz_max_ps(all, v[0], v[1]), _mm512_maskz_max_ps(all, v[2], v[3])));
+    _mm512_store_ps(low, _mm512_maskz_min_ps(all, _mm512_maskz_min_ps(all, v[0], v[1]),
+                                             _mm512_maskz_min_ps(all, v[2], v[3])));
+    _mm512_store_ps(high, _mm512_maskz_max_ps(all, _mm512_maskz_max_ps(all, v[0], v[1]),
+                                              _mm512_maskz_max_ps(all, v[2], v[3])));
     float lo = low[0], hi = high[0];
     for (int k = 1; k < 16; ++k) {
       lo = std::min(lo, low[k]);
@@ -731,8 +734,8 @@ void quantize_int4_row_avx512(const float* __restrict w, int64_t cols, int64_t j
     if (d > 0.0f) {
       const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m), top = _mm512_set1_ps(15.0f);
       for (int k = 0; k < 4; ++k) {
-        const __m512 q = _mm512_maskz_roundscale_ps(all, _mm512_maskz_div_ps(all, _mm512_maskz_sub_ps(all, v[k], mv), dv),
-                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 ratio = _mm512_maskz_div_ps(all, _mm512_maskz_sub_ps(all, v[k], mv), dv);
+        const __m512 q = _mm512_maskz_roundscale_ps(all, ratio, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512i u = _mm512_maskz_cvttps_epi32(
             all, _mm512_maskz_max_ps(all, _mm512_maskz_min_ps(all, q, top), _mm512_setzero_ps()));
         bytes = _mm512_maskz_inserti32x4(all, bytes, _mm512_maskz_cvtepi32_epi8(all, u), k);
@@ -1020,6 +1023,15 @@ void Decoder::norm(const float* x, const float* w, const float* b, float* out) c
   norm_row(x, w, b, C_, rms_, static_cast<float>(NormImpl::eps), out);
 }
 
+namespace {
+
+[[noreturn]] void throw_other_batch(int64_t start, int64_t B) {
+  throw std::invalid_argument(fmt::format(
+      "[model] the KV cache holds {} positions but not for a batch of {} (clear it, or keep the batch size)", start, B));
+}
+
+}  // namespace
+
 void Decoder::ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const {
   const int64_t block = config_.block_size;
   const auto dtype = bf16_ ? torch::kBFloat16 : torch::kFloat;
@@ -1028,8 +1040,7 @@ void Decoder::ensure_cache(torch::Tensor& t, int64_t B, int64_t start) const {
     return;
   const int64_t filled = std::min(start, block);  // slots holding earlier positions
   if (filled > 0 && !(t.defined() && t.dim() == 4 && t.size(0) == B))
-    throw std::invalid_argument(fmt::format(
-        "[model] the KV cache holds {} positions but not for a batch of {} (clear it, or keep the batch size)", start, B));
+    throw_other_batch(start, B);
   auto buffer = torch::empty({B, nkv_, block, hs_}, dtype);  // (B, nkv, block, hs)
   if (filled > 0) buffer.narrow(2, 0, filled).copy_(t.narrow(2, 0, filled));
   t = buffer;
@@ -1049,17 +1060,18 @@ void Decoder::ensure_int8_cache(torch::Tensor& k, torch::Tensor& v, int64_t B, i
            t.size(3) == hs_;
   };
   if (filled > 0 && !(general(k) && general(v)))
-    throw std::invalid_argument(fmt::format(
-        "[model] the KV cache holds {} positions but not for a batch of {} (clear it, or keep the batch size)", start, B));
-  auto keys = torch::zeros({B, nkv_, key_bytes}, torch::kByte), values = torch::zeros({B, nkv_, value_bytes}, torch::kByte);
+    throw_other_batch(start, B);
+  auto keys = torch::zeros({B, nkv_, key_bytes}, torch::kByte);
+  auto values = torch::zeros({B, nkv_, value_bytes}, torch::kByte);
   if (filled > 0) {  // the general path's cache: quantize its filled slots
-    const auto k32 = k.narrow(2, 0, filled).to(torch::kFloat).contiguous(), v32 = v.narrow(2, 0, filled).to(torch::kFloat).contiguous();
+    const auto k32 = k.narrow(2, 0, filled).to(torch::kFloat).contiguous();
+    const auto v32 = v.narrow(2, 0, filled).to(torch::kFloat).contiguous();
     std::vector<int8_t> row(hs_);
     for (int64_t item = 0; item < B * nkv_; ++item)
       for (int64_t slot = 0; slot < filled; ++slot) {
         const int64_t at = (item * filled + slot) * hs_;
-        int8_kv_write(keys.data_ptr<uint8_t>() + item * key_bytes, values.data_ptr<uint8_t>() + item * value_bytes, block,
-                      hs_, slot, k32.data_ptr<float>() + at, v32.data_ptr<float>() + at, row.data());
+        int8_kv_write(keys.data_ptr<uint8_t>() + item * key_bytes, values.data_ptr<uint8_t>() + item * value_bytes,
+                      block, hs_, slot, k32.data_ptr<float>() + at, v32.data_ptr<float>() + at, row.data());
       }
   }
   k = keys;
