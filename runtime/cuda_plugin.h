@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace nanogpt::runtime {
@@ -17,6 +18,11 @@ namespace nanogpt::runtime {
 /// What the plugin offers; its functions are C++ (same compiler, same LibTorch).
 struct CudaPlugin {
   int (*compute_capability_major)(int device);  // e.g. 8 for an A100
+  std::string (*device_name)(int device);       // e.g. "NVIDIA H200"
+  // The caching allocator's high-water marks since the last reset: bytes held by tensors, and
+  // bytes reserved from the driver (what nvidia-smi shows, less the context).
+  void (*peak_memory)(int device, int64_t* allocated, int64_t* reserved);
+  void (*reset_peak_memory)(int device);
   c10::intrusive_ptr<c10d::Backend> (*make_nccl_backend)(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                          int size, std::chrono::milliseconds timeout);
 };

@@ -6,6 +6,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/cpu/Utils.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <dlfcn.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -145,6 +146,54 @@ torch::Device resolve_device(const std::string& name) {
     return device;
   }
   throw std::runtime_error("[device] unknown device '" + name + "' (use auto, cpu, cuda or cuda:N)");
+}
+
+torch::Device process_device(torch::Device resolved, int64_t local_rank) {
+  if (!resolved.is_cuda() || resolved.has_index()) return resolved;
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+void set_current_device(torch::Device device) {
+  if (!device.is_cuda()) return;
+  if (!device.has_index())
+    throw std::runtime_error("[device] '" + device.str() + "' has no index: pass it through process_device first");
+  c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
+}
+
+void set_tf32(bool enabled) {
+  const auto precision = enabled ? at::Float32Precision::TF32 : at::Float32Precision::IEEE;
+  at::globalContext().setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, precision);
+  at::globalContext().setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV, precision);
+}
+
+std::pair<torch::Tensor, torch::Tensor> to_device(const torch::Tensor& x, const torch::Tensor& y, torch::Device device) {
+  if (device.is_cpu()) return {x, y};
+  if (!device.is_cuda()) return {x.to(device), y.to(device)};
+  // One pinned buffer, one asynchronous copy. The pinned block goes back to LibTorch's caching host
+  // allocator when `staged` dies here, and is handed out again only once the copy has completed
+  // (the copy records an event on it).
+  auto staged = torch::empty({2, x.size(0), x.size(1)}, x.options().pinned_memory(true));  // (2, B, T)
+  staged[0].copy_(x);
+  staged[1].copy_(y);
+  auto on_device = staged.to(device, /*non_blocking=*/true);  // (2, B, T)
+  return {on_device[0], on_device[1]};
+}
+
+std::string device_name(torch::Device device) {
+  const CudaPlugin* plugin = device.is_cuda() ? cuda_plugin() : nullptr;
+  return plugin ? plugin->device_name(device.has_index() ? device.index() : 0) : "";
+}
+
+GpuMemory peak_gpu_memory(torch::Device device) {
+  GpuMemory m;
+  const CudaPlugin* plugin = device.is_cuda() ? cuda_plugin() : nullptr;
+  if (plugin) plugin->peak_memory(device.has_index() ? device.index() : 0, &m.peak_allocated, &m.peak_reserved);
+  return m;
+}
+
+void reset_peak_gpu_memory(torch::Device device) {
+  const CudaPlugin* plugin = device.is_cuda() ? cuda_plugin() : nullptr;
+  if (plugin) plugin->reset_peak_memory(device.has_index() ? device.index() : 0);
 }
 
 int64_t set_threads(int64_t n) {

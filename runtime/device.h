@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <utility>
 
 namespace nanogpt::runtime {
 
@@ -56,6 +57,39 @@ torch::ScalarType autocast_dtype(const std::string& dtype);
 /// the name may mean a GPU (runtime/cuda_plugin.h). Throws "[device] ..." when CUDA is asked for and
 /// not available (names the LibTorch build and a hint).
 torch::Device resolve_device(const std::string& name);
+
+/// The device one process trains on, from what resolve_device returned: a GPU named without an
+/// index ("cuda", or "auto" that found one) becomes cuda:`local_rank` (torchrun's LOCAL_RANK; 0 for
+/// a process alone), so that setting it as the current device and NCCL's communicator both work.
+/// An explicit index and the CPU are kept as they are.
+torch::Device process_device(torch::Device resolved, int64_t local_rank);
+
+/// Makes `device` the current CUDA device (NCCL's, and where kernels without an explicit device
+/// run); nothing for the CPU. Throws "[device] ..." for a CUDA device without an index.
+void set_current_device(torch::Device device);
+
+/// Whether float32 products on CUDA may run on TF32 tensor cores (matmuls and cuDNN; about 8x
+/// fp32's rate on Ampere and later, with a 10-bit mantissa in the products, as nanoGPT allows).
+/// No effect on the CPU.
+void set_tf32(bool enabled);
+
+/// A batch's inputs and targets (int64, (B, T) each, on the CPU) on `device`. On CUDA both go in one
+/// copy from pinned (page-locked) host memory, queued without waiting: the host draws the next batch
+/// while the GPU still computes. On the CPU they are returned as they are.
+std::pair<torch::Tensor, torch::Tensor> to_device(const torch::Tensor& x, const torch::Tensor& y, torch::Device device);
+
+/// The GPU's name ("NVIDIA H200"), or "" for the CPU or without the CUDA plugin.
+std::string device_name(torch::Device device);
+
+/// The caching allocator's high-water marks on a CUDA device, in bytes: held by tensors, and
+/// reserved from the driver. Both 0 for the CPU (see runtime/host_memory.h for its resident memory).
+struct GpuMemory {
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;
+};
+GpuMemory peak_gpu_memory(torch::Device device);
+/// Starts the high-water marks again from what is held now (no-op on the CPU).
+void reset_peak_gpu_memory(torch::Device device);
 
 /// Sets LibTorch's intra-op threads: n > 0 as given, 0 = every core.
 /// Returns the number set.

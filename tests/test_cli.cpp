@@ -124,7 +124,7 @@ TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
   TempDir dir("cli_sample");
   const std::string cfg = write_config(dir.path);
   ASSERT_EQ(run("train " + cfg + " --max_iters=10", dir.path).rc, 0);
-  const std::string base = "sample --num_threads=1 --out_dir=" + dir.path + "/out --num_samples=2 --max_new_tokens=40 ";
+  const std::string base = "sample --device=cpu --num_threads=1 --out_dir=" + dir.path + "/out --num_samples=2 --max_new_tokens=40 ";
   auto a = run(base + "--seed=7", dir.path), b = run(base + "--seed=7", dir.path), c = run(base + "--seed=8", dir.path);
   ASSERT_EQ(a.rc, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
@@ -202,12 +202,12 @@ TEST(Cli, BrokenCheckpointsAreClearErrors) {
     std::ofstream(dir.path + "/" + name, std::ios::binary) << bytes;
     return dir.path + "/" + name;
   };
-  expect_one_error_line(run("sample --ckpt=" + dir.path + "/missing.safetensors", dir.path), "missing.safetensors");
-  expect_one_error_line(run("sample --ckpt=" + write("empty.safetensors", ""), dir.path), "empty");
-  expect_one_error_line(run("sample --ckpt=" + write("text.safetensors", "hello, I am not a checkpoint"), dir.path), "not a nanogpt-cpp checkpoint");
+  expect_one_error_line(run("sample --device=cpu --ckpt=" + dir.path + "/missing.safetensors", dir.path), "missing.safetensors");
+  expect_one_error_line(run("sample --device=cpu --ckpt=" + write("empty.safetensors", ""), dir.path), "empty");
+  expect_one_error_line(run("sample --device=cpu --ckpt=" + write("text.safetensors", "hello, I am not a checkpoint"), dir.path), "not a nanogpt-cpp checkpoint");
   for (size_t cut : {good.size() / 2, good.size() - 100, size_t{40}})
-    expect_one_error_line(run("sample --ckpt=" + write("cut.safetensors", good.substr(0, cut)), dir.path), "cut.safetensors");
-  expect_one_error_line(run("sample --out_dir=" + dir.path, dir.path), "no checkpoint");
+    expect_one_error_line(run("sample --device=cpu --ckpt=" + write("cut.safetensors", good.substr(0, cut)), dir.path), "cut.safetensors");
+  expect_one_error_line(run("sample --device=cpu --out_dir=" + dir.path, dir.path), "no checkpoint");
 }
 
 TEST(Cli, ChineseModelSamplesValidUtf8) {
@@ -224,7 +224,7 @@ TEST(Cli, ChineseModelSamplesValidUtf8) {
   std::ofstream(dir.path + "/zh.yaml") << nanogpt::train::to_yaml(c);
   ASSERT_EQ(run("train " + dir.path + "/zh.yaml", dir.path).rc, 0);
   const std::string start = poems.substr(0, 6);  // the first two characters (3 bytes each)
-  auto s = run("sample --num_threads=1 --out_dir=" + dir.path + "/out --start=" + start +
+  auto s = run("sample --device=cpu --num_threads=1 --out_dir=" + dir.path + "/out --start=" + start +
                    " --num_samples=1 --max_new_tokens=60 --temperature=1",
                dir.path);
   ASSERT_EQ(s.rc, 0) << s.err;

@@ -171,6 +171,30 @@ TEST(Train, ResumeIsBitwiseExact) {
   EXPECT_EQ(a, b);
 }
 
+TEST(Train, ResumingPastLrDecayItersSaysWhichRateItUses) {
+  TempDir dir("resume_past_decay");
+  auto c = tiny_config(dir.path);
+  c.max_iters = 10;
+  c.lr_decay_iters = 8;
+  train::Trainer(c, true).run();
+  c.init_from = "resume";
+  c.max_iters = 14;  // extending the run without raising lr_decay_iters
+  train::Trainer(c, true).run();
+  const std::string log = read_text(c.out_dir + "/train.log");
+  EXPECT_NE(log.find("resuming at iter 10, at or past lr_decay_iters (8): every step from here runs at min_lr 0.0003"),
+            std::string::npos)
+      << log;
+  // Within the schedule, a resume says nothing of it.
+  TempDir within("resume_within_decay");
+  auto w = tiny_config(within.path);
+  w.max_iters = 10;
+  train::Trainer(w, true).run();
+  w.init_from = "resume";
+  w.max_iters = 20;
+  train::Trainer(w, true).run();
+  EXPECT_EQ(read_text(w.out_dir + "/train.log").find("lr_decay_iters"), std::string::npos);
+}
+
 // SIGINT during step 7, raised by the step hook so that nothing depends on timing: the step
 // finishes, the checkpoint is saved at exactly iter 7, the exit code is 130, and resuming gives the
 // uninterrupted run's losses.

@@ -35,16 +35,21 @@ FlatAdamW::FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& n
     auto& group = groups_[options.muon && matrix_in_block ? 2 : p.dim() >= 2 ? 0 : 1];
     group.names.push_back(name);
     group.params.push_back(p);
+    if (!options_of_params_) options_of_params_ = p.options();
   }
+  if (!options_of_params_)
+    throw std::runtime_error("[train] the optimizer was given no trainable parameters (is every parameter frozen?)");
   for (auto& group : groups_) flatten(group);
 }
 
 void FlatAdamW::flatten(Group& group) {
+  // Every buffer takes the parameters' device and dtype, an empty group's too: a CPU float32 empty
+  // buffer beside CUDA (or float64) parameters breaks the clipping and the loss scaler's kernels.
+  const auto options = group.params.empty() ? *options_of_params_ : group.params.front().options();
   if (group.params.empty()) {
-    group.flat = group.grad = group.exp_avg = group.exp_avg_sq = torch::empty({0});
+    group.flat = group.grad = group.exp_avg = group.exp_avg_sq = torch::empty({0}, options);
     return;
   }
-  const auto options = group.params.front().options();
   int64_t total = 0;
   for (const auto& p : group.params) total += p.numel();
   torch::NoGradGuard no_grad;
@@ -164,6 +169,13 @@ void FlatAdamW::muon_step(Group& g, double lr) {
     g.flat.narrow(0, offset, n).add_(orthogonalize(u, options_.muon_dtype).reshape({n}), -lr * shape_scale);
     offset += n;
   }
+}
+
+std::vector<torch::Tensor> FlatAdamW::buffers() const {
+  std::vector<torch::Tensor> all;
+  for (const auto& g : groups_)
+    for (const auto* t : {&g.flat, &g.grad, &g.exp_avg, &g.exp_avg_sq}) all.push_back(*t);
+  return all;
 }
 
 void FlatAdamW::zero_grad() {

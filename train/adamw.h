@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,10 @@ class FlatAdamW {
   /// The flat gradient buffers, one per group (every parameter's .grad() is a view into one).
   std::vector<torch::Tensor> flat_grads() const { return {groups_[0].grad, groups_[1].grad, groups_[2].grad}; }
 
+  /// Every buffer the optimizer made, empty groups' included: each group's parameters, gradients
+  /// and moments. All share the parameters' device and dtype.
+  std::vector<torch::Tensor> buffers() const;
+
   int64_t steps() const { return step_; }
   /// Names of the parameters in the decay / no-decay groups, in order.
   const std::vector<std::string>& decay_names() const { return groups_[0].names; }
@@ -74,6 +79,7 @@ class FlatAdamW {
   void muon_step(Group& group, double lr);
 
   Options options_;
+  std::optional<torch::TensorOptions> options_of_params_;  // device and dtype of the first parameter
   int64_t step_ = 0;
   Group groups_[3];  // [0] decay, [1] no decay (AdamW), [2] Muon (empty unless options.muon)
 };

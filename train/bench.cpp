@@ -58,7 +58,9 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
   }
   BenchReport r;
   r.threads = runtime::set_threads(config.num_threads);
-  const auto device = runtime::resolve_device(config.device);
+  const auto device = runtime::process_device(runtime::resolve_device(config.device), 0);
+  runtime::set_current_device(device);
+  if (device.is_cuda()) runtime::set_tf32(config.tf32);
   config.dtype = runtime::resolve_training_dtype(config.dtype, device);
   r.torch_version = runtime::torch_version();
   r.device = device.str();
@@ -81,8 +83,10 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
     r.gemm.push_back({"mlp c_fc", name, BT, C, 4 * C, runtime::measure_gemm_flops(device, dtype, BT, C, 4 * C) / 1e9});
     r.gemm.push_back({"head", name, BT, C, V, runtime::measure_gemm_flops(device, dtype, BT, C, V) / 1e9});
   }
+  r.peak_gflops = runtime::datasheet_bf16_flops(runtime::device_name(device)) / 1e9;
+  r.peak_source = r.peak_gflops > 0 ? "datasheet" : "measured";
   for (const auto& g : r.gemm)
-    if (g.shape == "square" && g.dtype == config.dtype) r.peak_gflops = g.gflops;
+    if (g.shape == "square" && g.dtype == config.dtype && r.peak_source == "measured") r.peak_gflops = g.gflops;
 
   // Training steps on real batches, exactly as the trainer runs them.
   torch::manual_seed(static_cast<uint64_t>(config.seed));
@@ -106,10 +110,15 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
   GradScaler scaler(device, step.autocast_dtype == torch::kHalf);
   if (scaler.enabled()) step.scaler = &scaler;
   model->train();
+  auto next_batch = [&] {
+    auto [x, y] = sampler.next(torch::kCPU);
+    return runtime::to_device(x, y, device);
+  };
+  runtime::reset_peak_gpu_memory(device);
   std::vector<double> ms;
   for (int64_t i = 0; i < options.warmup + options.iters; ++i) {
     const auto t0 = Clock::now();
-    auto loss = train_step(model, optimizer, [&] { return sampler.next(device); }, config.learning_rate, step);
+    auto loss = train_step(model, optimizer, next_batch, config.learning_rate, step);
     r.final_loss = loss.item<double>() / static_cast<double>(config.gradient_accumulation_steps);  // syncs
     if (i >= options.warmup) ms.push_back(seconds_since(t0) * 1000.0);
   }
@@ -117,11 +126,14 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
     {
       torch::autograd::profiler::RecordProfile profile(profile_out);  // writes the trace when it ends
       for (int i = 0; i < 3; ++i)
-        train_step(model, optimizer, [&] { return sampler.next(device); }, config.learning_rate, step).item<double>();
+        train_step(model, optimizer, next_batch, config.learning_rate, step).item<double>();
     }
     profile_out.close();
     if (!profile_out) throw std::runtime_error("[bench] writing the profile '" + options.profile_path + "' failed");
   }
+  const auto gpu_memory = runtime::peak_gpu_memory(device);
+  r.peak_gpu_allocated_mb = static_cast<double>(gpu_memory.peak_allocated) / (1 << 20);
+  r.peak_gpu_reserved_mb = static_cast<double>(gpu_memory.peak_reserved) / (1 << 20);
   if (!ms.empty()) {
     r.step_ms_mean = std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(ms.size());
     r.step_ms_min = *std::min_element(ms.begin(), ms.end());
@@ -153,8 +165,9 @@ std::string BenchReport::table() const {
   o += fmt::format("[bench] model {} | dtype {}\n", config_summary, dtype);
   o += "  GEMM                         dtype        m      k      n    GFLOP/s\n";
   for (const auto& g : gemm) o += fmt::format("  {:<28} {:<9} {:6} {:6} {:6} {:10.1f}\n", g.shape, g.dtype, g.m, g.k, g.n, g.gflops);
-  o += fmt::format("  train step: median {:.2f} ms (min {:.2f}, mean {:.2f}) | {:.0f} tok/s | MFU {:.1f}% of {:.0f} GFLOP/s | loss {:.4f}\n",
-                   step_ms_median, step_ms_min, step_ms_mean, tokens_per_sec, 100.0 * mfu, peak_gflops, final_loss);
+  o += fmt::format("  train step: median {:.2f} ms (min {:.2f}, mean {:.2f}) | {:.0f} tok/s | MFU {:.1f}% of {:.0f} GFLOP/s ({}) | loss {:.4f}\n",
+                   step_ms_median, step_ms_min, step_ms_mean, tokens_per_sec, 100.0 * mfu, peak_gflops, peak_source,
+                   final_loss);
   if (sample_batch > 0)
     o += fmt::format("  sampling: {:.0f} tok/s with KV cache | {:.0f} tok/s without | {:.0f} tok/s batch of {}{}\n",
                      sample_tok_s_cache, sample_tok_s_nocache, sample_tok_s_batch, sample_batch,
@@ -162,6 +175,9 @@ std::string BenchReport::table() const {
                                                          sample_tok_s_int8, sample_tok_s_int4)
                                            : "");
   o += fmt::format("  peak RSS: {:.0f} MB\n", peak_rss_mb);
+  if (peak_gpu_reserved_mb > 0)
+    o += fmt::format("  peak GPU memory: {:.0f} MiB held by tensors, {:.0f} MiB reserved\n", peak_gpu_allocated_mb,
+                     peak_gpu_reserved_mb);
   return o;
 }
 
@@ -178,6 +194,7 @@ std::string BenchReport::json() const {
       {"model", config_summary},
       {"gemm", gemms},
       {"peak_gflops", peak_gflops},
+      {"peak_source", peak_source},
       {"train",
        {{"median_ms", step_ms_median}, {"min_ms", step_ms_min}, {"mean_ms", step_ms_mean},
         {"tokens_per_sec", tokens_per_sec}, {"mfu", mfu}, {"final_loss", final_loss}}},
@@ -186,6 +203,8 @@ std::string BenchReport::json() const {
         {"tok_s_batch", sample_tok_s_batch}, {"batch", sample_batch}, {"tok_s_int8", sample_tok_s_int8},
         {"tok_s_int4", sample_tok_s_int4}}},
       {"peak_rss_mb", peak_rss_mb},
+      {"peak_gpu_allocated_mb", peak_gpu_allocated_mb},
+      {"peak_gpu_reserved_mb", peak_gpu_reserved_mb},
   };
   return report.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }

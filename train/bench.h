@@ -31,7 +31,8 @@ struct BenchReport {
   std::string torch_version, device, dtype, config_summary;
   int64_t threads = 0;
   std::vector<GemmResult> gemm;
-  double peak_gflops = 0;           // square GEMM of the config's dtype: the MFU denominator
+  double peak_gflops = 0;           // the MFU denominator: a GPU's datasheet bf16 peak, else the square GEMM of the config's dtype
+  std::string peak_source;          // "datasheet" or "measured"
   double step_ms_median = 0, step_ms_min = 0, step_ms_mean = 0;
   double tokens_per_sec = 0, mfu = 0;
   double final_loss = 0;            // loss of the last timed step (sanity: finite, falling)
@@ -40,6 +41,7 @@ struct BenchReport {
   double sample_tok_s_int4 = 0;     // the same with --quantize int4
   int64_t sample_batch = 0;
   double peak_rss_mb = 0;
+  double peak_gpu_allocated_mb = 0, peak_gpu_reserved_mb = 0;  // CUDA's caching allocator, training steps
 
   std::string table() const;
   std::string json() const;

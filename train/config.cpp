@@ -62,7 +62,7 @@ const std::array kKeys = {
     KEY(optimizer, nullptr), KEY(muon_learning_rate, nullptr), KEY(muon_momentum, nullptr),
     KEY(decay_lr, "learning rate schedule"), KEY(lr_schedule, nullptr), KEY(warmup_iters, nullptr),
     KEY(lr_decay_iters, nullptr), KEY(min_lr, nullptr), KEY(decay_frac, nullptr),
-    KEY(device, "system"), KEY(dtype, nullptr), KEY(seed, nullptr), KEY(num_threads, nullptr),
+    KEY(device, "system"), KEY(dtype, nullptr), KEY(seed, nullptr), KEY(num_threads, nullptr), KEY(tf32, nullptr),
     KEY(compile, nullptr), KEY(plot, nullptr),
     KEY(backend, "data parallel (torchrun)"), KEY(ddp_timeout, nullptr), KEY(ddp_bucket_mb, nullptr),
 };

@@ -50,6 +50,7 @@ struct TrainConfig {
   std::string dtype = "float32";             // auto | float32 | bfloat16 | float16 (autocast, fp32 master weights; float16 with loss scaling)
   int64_t seed = 1337;
   int64_t num_threads = 0;                   // intra-op threads; 0 = all cores
+  bool tf32 = true;                          // CUDA: float32 products on TF32 tensor cores (nanoGPT's default); no effect on the CPU
   bool compile = false;                      // accepted for nanoGPT compatibility; no effect here
   bool plot = true;                          // redraw out_dir/loss.png at every evaluation
   // data parallel (torchrun; train/distributed.h)

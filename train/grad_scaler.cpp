@@ -25,10 +25,20 @@ void GradScaler::unscale(const std::vector<torch::Tensor>& grads) {
   if (!enabled_) return;
   found_inf_.zero_();
   auto inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  std::vector<torch::Tensor> defined;
-  for (const auto& g : grads)
-    if (g.defined()) defined.push_back(g);
-  at::_amp_foreach_non_finite_check_and_unscale_(defined, found_inf_, inv_scale);
+  // ATen's kernel wants every gradient on the scale's device. On the CPU it would also take a
+  // gradient from elsewhere without a word, and CUDA would not: check here, where both fail alike.
+  std::vector<torch::Tensor> scaled;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const auto& g = grads[i];
+    if (!g.defined() || g.numel() == 0) continue;  // nothing to unscale (an empty parameter group)
+    if (g.device() != scale_.device())
+      throw std::runtime_error(fmt::format(
+          "[train] loss scaling: gradient {} is on {}, the loss scale on {}: every gradient buffer must be made with "
+          "the parameters' options",
+          i, g.device().str(), scale_.device().str()));
+    scaled.push_back(g);
+  }
+  if (!scaled.empty()) at::_amp_foreach_non_finite_check_and_unscale_(scaled, found_inf_, inv_scale);
 }
 
 bool GradScaler::step_ok() const { return !enabled_ || found_inf_.item<float>() == 0.0f; }

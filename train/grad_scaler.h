@@ -32,7 +32,9 @@ class GradScaler {
   torch::Tensor scale(const torch::Tensor& loss) const;
 
   /// Divides the gradients by the scale in place and records whether any is inf or NaN.
-  /// Call once per step, after the last backward and before clipping.
+  /// Call once per step, after the last backward and before clipping. Empty or undefined tensors
+  /// are passed over; throws "[train] loss scaling: ..." when a gradient is on another device than
+  /// the scale.
   void unscale(const std::vector<torch::Tensor>& grads);
 
   /// Whether the gradients unscaled last were all finite (one host sync). True when disabled.

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -85,10 +84,10 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (threads == 0 && launch_.launched)
     threads = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / launch_.local_world_size);
   runtime::set_threads(threads);
-  device_ = runtime::resolve_device(config_.device);
-  if (launch_.launched && device_.is_cuda() && !device_.has_index())  // one GPU per process
-    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch_.local_rank));
-  if (device_.is_cuda()) c10::impl::VirtualGuardImpl(device_.type()).setDevice(device_);  // NCCL's current GPU
+  // One GPU per process: cuda:LOCAL_RANK under torchrun, cuda:0 alone, and the current device (NCCL's).
+  device_ = runtime::process_device(runtime::resolve_device(config_.device), launch_.local_rank);
+  runtime::set_current_device(device_);
+  if (device_.is_cuda()) runtime::set_tf32(config_.tf32);
   // out_dir: create it and prove it writable before any work is done.
   std::error_code ec;
   std::filesystem::create_directories(config_.out_dir, ec);
@@ -185,6 +184,10 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     resumed_eval_done_ = state.eval_done;
     if (scaler_->enabled()) scaler_->restore(state.loss_scale, state.loss_scale_growth);
     log_->info("[ckpt] resumed from {} at iter {} (best val {:.4f})", last_path, iter_, best_val_loss_);
+    if (config_.decay_lr && iter_ >= config_.lr_decay_iters && config_.max_iters > iter_)
+      log_->info("[train] resuming at iter {}, at or past lr_decay_iters ({}): every step from here runs at min_lr {:g} "
+                 "(raise lr_decay_iters with max_iters to decay over the longer run)",
+                 iter_, config_.lr_decay_iters, config_.min_lr);
     if (state.world_size != world_)
       log_->info("[ddp] the checkpoint was written by {} process{}, resuming with {}: the same {} micro-batches per "
                  "step, {} per process, so the run goes on as it would have",
@@ -212,7 +215,8 @@ std::pair<torch::Tensor, torch::Tensor> Trainer::next_micro_batch() {
     gen.set_current_seed(static_cast<uint64_t>(config_.seed) * 0x9e3779b97f4a7c15ULL ^
                          (static_cast<uint64_t>(iter_) << 20) ^ static_cast<uint64_t>(global_micro));
   }
-  auto batch = sampler_->next(device_);
+  auto [x, y] = sampler_->next(torch::kCPU);
+  auto batch = runtime::to_device(x, y, device_);
   if (++micro_ == local_micro_steps_) {
     sampler_->skip((world_ - 1 - rank_) * local_micro_steps_);
     micro_ = 0;
@@ -262,7 +266,8 @@ double Trainer::estimate_loss(const std::string& split) {
       eval_sampler.skip(1);
       continue;
     }
-    auto [x, y] = eval_sampler.next(device_);
+    auto [x_host, y_host] = eval_sampler.next(torch::kCPU);
+    auto [x, y] = runtime::to_device(x_host, y_host, device_);
     runtime::AutocastGuard autocast(device_, amp_dtype_, amp_dtype_ != torch::kFloat);
     sum += model_->forward(x, y).second.to(torch::kFloat);
   }
@@ -340,8 +345,17 @@ TrainResult Trainer::run_loop() {
     log_->info("[ddp] {} processes ({}), {} of the {} micro-batches per step each; gradients in {} all-reduce bucket{}",
                world_, group_->backend_name(), local_micro_steps_, config_.gradient_accumulation_steps,
                grad_reduce_->num_buckets(), grad_reduce_->num_buckets() > 1 ? "s" : "");
-  peak_flops_ = runtime::measure_peak_flops(device_, amp_dtype_);
-  log_->info("[train] MFU is against a measured {} GEMM peak of {:.0f} GFLOP/s", config_.dtype, peak_flops_ / 1e9);
+  // MFU: on a GPU against its datasheet's dense bf16 peak (nanoGPT's convention, whatever the run's
+  // dtype); on a CPU, or a GPU not in the table, against a GEMM timed here in the run's dtype.
+  const std::string gpu = runtime::device_name(device_);
+  peak_flops_ = runtime::datasheet_bf16_flops(gpu);
+  if (peak_flops_ > 0) {
+    log_->info("[train] MFU is against the {}'s dense bf16 peak of {:.0f} TFLOP/s (datasheet)", gpu, peak_flops_ / 1e12);
+  } else {
+    peak_flops_ = runtime::measure_peak_flops(device_, amp_dtype_);
+    log_->info("[train] MFU is against a measured {} GEMM peak of {:.0f} GFLOP/s", config_.dtype, peak_flops_ / 1e9);
+  }
+  runtime::reset_peak_gpu_memory(device_);
 
   const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.model.block_size;
   const double flops_per_iter = model_->flops_per_token() * static_cast<double>(tokens_per_iter);
@@ -392,11 +406,17 @@ TrainResult Trainer::run_loop() {
     skip_eval = false;
     if (at_end) break;
 
+    const bool log_now = iter_ % config_.log_interval == 0;
+    // A CUDA step is timed between two synchronisations, so its time is the GPU's own (not the
+    // launches', nor the step before it): on the steps that log, to keep the queue full on the others.
+    const bool timed = log_now || !device_.is_cuda();
+    if (timed) runtime::synchronize(device_);
     const auto t0 = Clock::now();
     const double lr = schedule_.at(iter_);
     auto loss_sum = train_step(model_, *optimizer_, [this] { return next_micro_batch(); }, lr, step_options);
-
-    const bool log_now = iter_ % config_.log_interval == 0;
+    if (timed) runtime::synchronize(device_);
+    const double ms = ms_since(t0);
+    if (timed) step_ms.push_back(ms);
     double loss_value = 0;
     int stop_signal = 0;
     // On CPU reading the loss costs nothing: check every step. With several processes the loss and
@@ -411,8 +431,6 @@ TrainResult Trainer::run_loop() {
             "(try a lower learning_rate or dtype: float32)",
             iter_, lr, config_.out_dir, kLastCheckpoint));
     }
-    const double ms = ms_since(t0);
-    step_ms.push_back(ms);
     if (log_now) {
       const double tps = tokens_per_iter / (ms / 1000.0);
       const double mfu = flops_per_iter / static_cast<double>(world_) / (ms / 1000.0) / peak_flops_;  // per process
@@ -440,6 +458,12 @@ TrainResult Trainer::run_loop() {
   result.median_ms = median_after(step_ms, skip);
   log_->info("[train] done at iter {} | best val {:.4f} | median {:.2f} ms/iter | wall {:.1f} s", iter_, best_val_loss_,
              result.median_ms, ms_since(run_start) / 1000.0);
+  if (device_.is_cuda()) {
+    const auto memory = runtime::peak_gpu_memory(device_);
+    result.peak_gpu_allocated_mb = static_cast<double>(memory.peak_allocated) / (1 << 20);
+    log_->info("[train] peak GPU memory: {:.0f} MiB held by tensors, {:.0f} MiB reserved by the caching allocator",
+               result.peak_gpu_allocated_mb, static_cast<double>(memory.peak_reserved) / (1 << 20));
+  }
   if (grad_reduce_ && !grad_reduce_->exposed_ms().empty()) {
     const auto& waits = grad_reduce_->exposed_ms();  // one per step, like step_ms
     log_->info("[ddp] gradient all-reduce: median {:.2f} ms per step left waiting after the backward pass ({} bucket{})",

@@ -29,7 +29,8 @@ struct TrainResult {
   int64_t iter = 0;         // optimizer steps completed
   double best_val_loss = 0; // best val loss seen
   double last_val_loss = 0; // val loss at the final evaluation
-  double median_ms = 0;     // median step time (ms), excluding the first log_interval steps
+  double median_ms = 0;     // median step time (ms) after the warm-up steps; on CUDA, of the steps that log
+  double peak_gpu_allocated_mb = 0;  // CUDA: the most memory tensors held at once (0 on the CPU)
 };
 
 class Trainer {

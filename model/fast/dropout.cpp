@@ -115,8 +115,39 @@ uint64_t draw_dropout_seed() {
   return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
 }
 
+namespace {
+
+// x >> s with zeros shifted in (int64 tensors hold the uint64 hashes; their >> is arithmetic).
+torch::Tensor shift_right_logical(const torch::Tensor& x, int64_t s) {
+  return x.bitwise_right_shift(s).bitwise_and(static_cast<int64_t>((~0ULL) >> s));
+}
+
+}  // namespace
+
+torch::Tensor apply_dropout_mask_by_ops(const torch::Tensor& x, double p, uint64_t seed, int64_t offset,
+                                        torch::ScalarType out_dtype) {
+  const int64_t n = x.numel();
+  auto i64 = x.options().dtype(torch::kLong);
+  // int64 products wrap as uint64 ones do: the same hashes as splitmix64 above.
+  auto element = torch::arange(offset, offset + n, i64);                            // (n,) global indices
+  auto z = element.bitwise_right_shift(2).add(1).mul(static_cast<int64_t>(0x9E3779B97F4A7C15ULL))
+               .add(static_cast<int64_t>(seed));                                    // seed + (word + 1) * golden
+  z = z.bitwise_xor(shift_right_logical(z, 30)).mul(static_cast<int64_t>(0xBF58476D1CE4E5B9ULL));
+  z = z.bitwise_xor(shift_right_logical(z, 27)).mul(static_cast<int64_t>(0x94D049BB133111EBULL));
+  z = z.bitwise_xor(shift_right_logical(z, 31));
+  auto draw = z.bitwise_right_shift(element.bitwise_and(3).mul(16)).bitwise_and(0xFFFF);  // element's 16-bit slice
+  const int64_t threshold = std::min<long>(65535, std::lround(p * 65536.0));
+  const bool wide = x.scalar_type() == torch::kDouble || out_dtype == torch::kDouble;
+  auto xs = x.reshape({n}).to(wide ? torch::kDouble : torch::kFloat);
+  // The CPU loop's arithmetic: x times 1 / (1 - p), that factor rounded to fp32 unless either side is fp64.
+  const double keep = wide ? 1.0 / (1.0 - p) : static_cast<double>(static_cast<float>(1.0 / (1.0 - p)));
+  auto y = torch::where(draw.ge(threshold), xs * keep, torch::zeros({}, xs.options()));
+  return y.to(out_dtype).view(x.sizes());
+}
+
 torch::Tensor apply_dropout_mask(const torch::Tensor& x, double p, uint64_t seed, int64_t offset,
                                  torch::ScalarType out_dtype) {
+  if (!x.device().is_cpu()) return apply_dropout_mask_by_ops(x, p, seed, offset, out_dtype);
   auto in = x.contiguous();
   auto y = torch::empty(in.sizes(), in.options().dtype(out_dtype));
   if (in.numel() == 0) return y;

@@ -25,11 +25,17 @@ torch::Tensor fast_dropout(const torch::Tensor& x, double p, bool training);
 uint64_t draw_dropout_seed();
 
 /// The mask of stream `seed`, elements offset .. offset + numel - 1, applied to x (any float dtype,
-/// CPU): x[i] / (1 - p) where element offset + i is kept, else 0, computed in fp32 (fp64 for double)
+/// any device): x[i] / (1 - p) where element offset + i is kept, else 0, computed in fp32 (fp64 for double)
 /// and rounded once to `out_dtype`. Not differentiable: the building block of fast_dropout and of
 /// attention that re-applies a mask in backward (model/fast/chunked_attention.h).
 torch::Tensor apply_dropout_mask(const torch::Tensor& x, double p, uint64_t seed, int64_t offset,
                                  torch::ScalarType out_dtype);
+
+/// apply_dropout_mask in tensor operations, for a tensor on any device (apply_dropout_mask calls it
+/// for one not on the CPU: `attention: chunked` on a GPU). The same mask and the same values as the
+/// CPU loop, at the cost of a few int64 temporaries per element.
+torch::Tensor apply_dropout_mask_by_ops(const torch::Tensor& x, double p, uint64_t seed, int64_t offset,
+                                        torch::ScalarType out_dtype);
 
 /// Module form, a drop-in for torch::nn::Dropout.
 class DropoutImpl : public torch::nn::Module {

@@ -3,7 +3,9 @@
 #include "runtime/cuda_plugin.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 
+#include <cstdlib>
 #include <stdexcept>
 
 #ifdef NANOGPT_HAVE_NCCL
@@ -14,9 +16,30 @@ namespace {
 
 int compute_capability_major(int device) { return at::cuda::getDeviceProperties(device)->major; }
 
+std::string device_name(int device) { return at::cuda::getDeviceProperties(device)->name; }
+
+void peak_memory(int device, int64_t* allocated, int64_t* reserved) {
+  using c10::CachingAllocator::StatType;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  *allocated = stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+  *reserved = stats.reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+}
+
+void reset_peak_memory(int device) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
+
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     std::chrono::milliseconds timeout) {
 #ifdef NANOGPT_HAVE_NCCL
+  // LibTorch's defaults leave wait() non-blocking (it only orders the current stream after the
+  // collective) and leave failures to a watchdog thread that kills the process with a stack dump.
+  // A blocking wait instead returns when the all-reduce has finished, so the time spent in it is
+  // measured truly, and throws when it fails or passes `timeout`: the caller's one-line "lost rank N"
+  // message (train/distributed.h). With no asynchronous handling the watchdog does not race it.
+  // A value the user set in the environment wins.
+  ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+  ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", /*overwrite=*/0);
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
@@ -27,7 +50,8 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 #endif
 }
 
-const nanogpt::runtime::CudaPlugin kPlugin{compute_capability_major, make_nccl_backend};
+const nanogpt::runtime::CudaPlugin kPlugin{compute_capability_major, device_name, peak_memory, reset_peak_memory,
+                                           make_nccl_backend};
 
 }  // namespace
 
