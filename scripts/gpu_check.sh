@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# The check to run on a machine with a CUDA GPU and PyTorch installed (no package index needed):
-# builds nanogpt-cpp against that PyTorch's LibTorch, runs the test suite (the CUDA tests run there),
-# then trains the full Shakespeare preset for 200 iterations on the GPU in bf16 beside nanoGPT's
-# train.py on the same GPU (--compile=False and --compile=True), a float16 (loss-scaled) run, and
-# prints ms/iter (median of the logged iterations 10-200) and val loss at iteration 200 for each.
+# The check to run first on a machine with a CUDA GPU and PyTorch installed (no package index needed),
+# in about 8 minutes on one H200 with 16 cores:
+#   1. builds nanogpt-cpp against that PyTorch's LibTorch (the program, its CUDA plugin, and the tests
+#      that run here: the CUDA tests, the device mix-up tests and the command-line tests);
+#   2. runs those tests;
+#   3. trains the full Shakespeare preset for GPU_CHECK_ITERS iterations (default 200) in bf16 beside
+#      nanoGPT's train.py on the same GPU (--compile=False and --compile=True), then in float16 with
+#      loss scaling, then under torchrun with NCCL (one process per GPU);
+#   4. samples from the bf16 run on the GPU;
+#   5. prints one table: median ms/iter of the logged iterations from 10 on, tokens/s, MFU against the
+#      GPU's dense bf16 peak, val loss at the last iteration, and peak GPU memory of each run.
 #
 #   scripts/gpu_check.sh NANOGPT_DIR      # NANOGPT_DIR: a checkout of karpathy/nanoGPT (not shipped here)
 #
-# Libraries the GPU machine lacks (yaml-cpp, spdlog, fmt, GoogleTest, CLI11, nlohmann-json) are
-# unpacked, not installed, from Debian packages copied into .devdeps/ (../shared/device/README.md).
-# cairo and pango are not among them: without them the build has no plots (-DNANOGPT_PLOTS=OFF).
+# Libraries the GPU machine lacks (yaml-cpp, spdlog, fmt, GoogleTest, CLI11, nlohmann-json, Gloo's
+# headers) are unpacked, not installed, from Debian packages placed in .devdeps/. Without cairo and
+# pango the build has no plots (-DNANOGPT_PLOTS=OFF): this check is about training and sampling.
 set -euo pipefail
 nanogpt_dir=${1:?usage: scripts/gpu_check.sh NANOGPT_DIR (a checkout of karpathy/nanoGPT)}
 nanogpt_dir=$(cd "$nanogpt_dir" && pwd)
@@ -17,9 +23,14 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 py=${PYTHON:-python3}
 iters=${GPU_CHECK_ITERS:-200}
+logs=${GPU_CHECK_LOGS:-/tmp/gpu_check}
+mkdir -p "$logs"
+start=$SECONDS
+stamp() { echo "[gpu] $* ($((SECONDS - start)) s)"; }
 
 prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 "$py" -c 'import torch; print("[gpu] torch", torch.__version__, "CUDA", torch.version.cuda, "|", torch.cuda.get_device_name(0))'
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/[gpu] /' || true
 deps=$repo/.devdeps/root
 if compgen -G ".devdeps/*.deb" >/dev/null; then
   mkdir -p "$deps"
@@ -28,19 +39,25 @@ if compgen -G ".devdeps/*.deb" >/dev/null; then
   prefix="$prefix;$deps/usr"
 fi
 
-echo "[gpu] build"
-# Plots need cairo and pango, which a GPU image may lack: the check is about training and sampling.
+stamp "build"
 plots=OFF
 command -v pkg-config >/dev/null && pkg-config --exists cairo-svg pangocairo && plots=ON
-cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" -DNANOGPT_PLOTS=$plots \
-  -DNANOGPT_PYTHON="$(command -v "$py")" >/tmp/gpu_check_configure.log 2>&1 || { cat /tmp/gpu_check_configure.log; exit 1; }
-grep "nanogpt:" /tmp/gpu_check_configure.log || true
-cmake --build build-cuda -j"$(nproc)" >/tmp/gpu_check_build.log 2>&1 || { tail -50 /tmp/gpu_check_build.log; exit 1; }
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S . -B build-cuda "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+  -DNANOGPT_PLOTS=$plots -DNANOGPT_PYTHON="$(command -v "$py")" >"$logs/configure.log" 2>&1 ||
+  { cat "$logs/configure.log"; exit 1; }
+grep "nanogpt:" "$logs/configure.log" || true
+targets=(nanogpt test_cuda test_train_device test_cli)
+cmake --build build-cuda -j"$(nproc)" --target "${targets[@]}" >"$logs/build.log" 2>&1 || { tail -50 "$logs/build.log"; exit 1; }
+[[ -f build-cuda/libnanogpt_cuda.so ]] || { echo "[gpu] error: no CUDA plugin was built (see $logs/configure.log)"; exit 1; }
 
-echo "[gpu] tests"
+stamp "tests: CUDA, device mix-ups, command line"
 tests_ok=1
-(cd build-cuda && ctest -j4 --timeout 600 --output-on-failure >/tmp/gpu_check_ctest.log 2>&1) || tests_ok=0
-grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|Cuda\." /tmp/gpu_check_ctest.log | grep -v "Start" || true
+for t in test_cuda test_train_device test_cli; do
+  build-cuda/$t --gtest_brief=1 >"$logs/$t.log" 2>&1 || tests_ok=0
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$logs/$t.log" | sed "s/^/  $t /" || true
+done
 
 work=$(mktemp -d)
 cp -r "$nanogpt_dir" "$work/nanoGPT"
@@ -48,47 +65,98 @@ cp data/shakespeare_char/input.txt "$work/nanoGPT/data/shakespeare_char/"
 mkdir -p "$work/stub" && : >"$work/stub/tiktoken.py" && : >"$work/stub/requests.py"  # imported, unused here
 (cd "$work/nanoGPT" && PYTHONPATH=$work/stub "$py" data/shakespeare_char/prepare.py >/dev/null)
 
-# median ms/iter over logged iterations 10..N and the val loss of the last evaluation
-summarize() {  # name log kind(ours|nanogpt)
-  "$py" - "$@" <<'PY'
-import re, statistics, sys
-name, path, kind = sys.argv[1:4]
-text = open(path, errors="replace").read()
-if kind == "ours":
-    ms = [float(m.group(2)) for m in re.finditer(r"\[train\] iter (\d+) \| loss [\d.]+ \| lr \S+ \| ([\d.]+) ms", text) if int(m.group(1)) >= 10]
-    val = re.findall(r"\[eval\] iter \d+ \| train [\d.]+ \| val ([\d.]+)", text)
-else:
-    ms = [float(m.group(2)) for m in re.finditer(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", text) if int(m.group(1)) >= 10]
-    val = re.findall(r"step \d+: train loss [\d.]+, val loss ([\d.]+)", text)
-print(f"{name:<34} {statistics.median(ms) if ms else float('nan'):>10.2f} ms/iter   val {val[-1] if val else 'n/a'}")
-PY
-}
-
 common=(--max_iters="$iters" --eval_interval="$iters" --eval_iters=200 --log_interval=10)
-echo "[gpu] full preset, $iters iterations, bf16"
-build-cuda/nanogpt train configs/shakespeare_char.yaml --device=cuda --dtype=bfloat16 --out_dir="$work/ours" "${common[@]}" \
-  >"$work/ours.log" 2>&1 || tail -5 "$work/ours.log"
-build-cuda/nanogpt train configs/shakespeare_char.yaml --device=cuda --dtype=float16 --out_dir="$work/ours16" "${common[@]}" \
-  >"$work/ours16.log" 2>&1 || tail -5 "$work/ours16.log"
+ours() {  # name, then arguments after "train configs/shakespeare_char.yaml"
+  local name=$1
+  shift
+  stamp "ours: $name"
+  build-cuda/nanogpt train configs/shakespeare_char.yaml --device=cuda --out_dir="$work/$name" "${common[@]}" "$@" \
+    >"$logs/$name.log" 2>&1 || tail -5 "$logs/$name.log"
+}
+ours ours_bf16 --dtype=bfloat16
+ours ours_fp16 --dtype=float16
 for compile in False True; do
-  (cd "$work/nanoGPT" && PYTHONPATH=$work/stub "$py" train.py config/train_shakespeare_char.py --device=cuda --dtype=bfloat16 \
-     --compile=$compile --out_dir="$work/nano_$compile" "${common[@]}" >"$work/nano_$compile.log" 2>&1) ||
-    tail -5 "$work/nano_$compile.log"
+  stamp "nanoGPT --compile=$compile"
+  # Through runpy, so that its peak GPU memory can be read when it ends (train.py does not print it).
+  (cd "$work/nanoGPT" && PYTHONPATH=$work/stub "$py" - config/train_shakespeare_char.py --device=cuda --dtype=bfloat16 \
+    --compile=$compile --out_dir="$work/nano_$compile" "${common[@]}" >"$logs/nano_$compile.log" 2>&1 <<'PY'
+import runpy, sys, torch
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
+print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB held by tensors")
+PY
+  ) || tail -5 "$logs/nano_$compile.log"
 done
-# The NCCL path (issue 13): torchrun with one process per GPU (at least one), same preset.
 ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count())')
 torchrun=$(dirname "$(command -v "$py")")/torchrun
-echo "[gpu] data parallel: torchrun, $ngpu process(es), NCCL"
-"$torchrun" --no-python --standalone --nproc_per_node="$ngpu" build-cuda/nanogpt train configs/shakespeare_char.yaml \
+[[ -x $torchrun ]] || torchrun="$py -m torch.distributed.run"
+stamp "ours: torchrun, $ngpu process(es), NCCL"
+$torchrun --no-python --standalone --nproc_per_node="$ngpu" build-cuda/nanogpt train configs/shakespeare_char.yaml \
   --device=cuda --dtype=bfloat16 --out_dir="$work/ours_ddp" --gradient_accumulation_steps="$ngpu" "${common[@]}" \
-  >"$work/ours_ddp.log" 2>&1 || tail -5 "$work/ours_ddp.log"
-grep -m1 "\[ddp\]" "$work/ours_ddp.log" || true
+  >"$logs/ours_ddp.log" 2>&1 || tail -5 "$logs/ours_ddp.log"
+grep -m1 "\[ddp\] .* processes" "$logs/ours_ddp.log" || true
+
+stamp "sampling on the GPU"
+for args in "" "--beam=4"; do
+  t0=$(date +%s%N)
+  build-cuda/nanogpt sample --out_dir="$work/ours_bf16" --device=cuda --num_samples=1 --max_new_tokens=1000 --seed=1 $args \
+    >"$logs/sample.txt" 2>"$logs/sample.err" || { tail -3 "$logs/sample.err"; tests_ok=0; }
+  echo "  sample ${args:-(KV cache)}: 1000 tokens in $((($(date +%s%N) - t0) / 1000000)) ms, start-up included:" \
+    "$(head -c 80 "$logs/sample.txt" | tr '\n' ' ')"
+done
+
 echo
-printf '%-34s %10s            %s\n' "run" "median" "val @ $iters"
-summarize "nanogpt-cpp bf16" "$work/ours.log" ours
-summarize "nanogpt-cpp float16 (loss scaling)" "$work/ours16.log" ours
-summarize "nanogpt-cpp bf16, torchrun + NCCL" "$work/ours_ddp.log" ours
-summarize "nanoGPT bf16 --compile=False" "$work/nano_False.log" nanogpt
-summarize "nanoGPT bf16 --compile=True" "$work/nano_True.log" nanogpt
+"$py" - "$logs" "$iters" <<'PY'
+import re, statistics, sys
+logs, iters = sys.argv[1], sys.argv[2]
+
+def read(name):
+    try:
+        return open(f"{logs}/{name}.log", errors="replace").read()
+    except OSError:
+        return ""
+
+def ours(name):
+    text = read(name)
+    ms = [float(m.group(2)) for m in re.finditer(r"\[train\] iter (\d+) \| loss [\d.]+ \| lr \S+ \| ([\d.]+) ms", text) if int(m.group(1)) >= 10]
+    mfu = [float(m.group(2)) for m in re.finditer(r"\[train\] iter (\d+) \|.*\| mfu ([\d.]+)%", text) if int(m.group(1)) >= 10]
+    tokens = re.search(r"tokens per iteration will be: ([\d,]+)", text)
+    val = re.findall(r"\[eval\] iter \d+ \| train [\d.]+ \| val ([\d.]+)", text)
+    mem = re.search(r"peak GPU memory: (\d+) MiB held", text)
+    return dict(ms=statistics.median(ms) if ms else None, mfu=statistics.median(mfu) if mfu else None,
+                tokens=int(tokens.group(1).replace(",", "")) if tokens else None, val=val[-1] if val else None,
+                mem=mem.group(1) if mem else None)
+
+def nano(name):
+    text = read(name)
+    ms = [float(m.group(2)) for m in re.finditer(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", text) if int(m.group(1)) >= 10]
+    tokens = re.search(r"tokens per iteration will be: ([\d,]+)", text)
+    val = re.findall(r"step \d+: train loss [\d.]+, val loss ([\d.]+)", text)
+    mem = re.search(r"peak GPU memory: (\d+) MiB held", text)
+    return dict(ms=statistics.median(ms) if ms else None, mfu=None,
+                tokens=int(tokens.group(1).replace(",", "")) if tokens else None, val=val[-1] if val else None,
+                mem=mem.group(1) if mem else None)
+
+runs = [("nanogpt-cpp bf16", ours("ours_bf16")), ("nanogpt-cpp float16 (loss scaling)", ours("ours_fp16")),
+        ("nanogpt-cpp bf16, torchrun + NCCL", ours("ours_ddp")), ("nanoGPT bf16 --compile=False", nano("nano_False")),
+        ("nanoGPT bf16 --compile=True", nano("nano_True"))]
+ref = runs[0][1]
+for name, r in runs:
+    if r["ms"] and r["tokens"]:
+        r["tok_s"] = r["tokens"] / (r["ms"] / 1000)
+    # The same model and tokens per step: MFU scales with tokens/s from our bf16 run's (datasheet peak).
+    if r["mfu"] is None and ref.get("mfu") and r.get("tok_s") and ref.get("tok_s"):
+        r["mfu"] = ref["mfu"] * r["tok_s"] / ref["tok_s"]
+fmt = lambda v, f: format(v, f) if v is not None else "n/a".rjust(int(re.match(r"\d+", f).group()))
+print(f"{'run':<36} {'ms/iter':>9} {'tokens/s':>10} {'MFU %':>7} {'val @ ' + iters:>10} {'peak GPU MiB':>13}")
+for name, r in runs:
+    print(f"{name:<36} {fmt(r['ms'], '9.2f')} {fmt(r.get('tok_s'), '10.0f')} {fmt(r['mfu'], '7.1f')} "
+          f"{r['val'] or 'n/a':>10} {r['mem'] or 'n/a':>13}")
+for other in ("nanoGPT bf16 --compile=True", "nanoGPT bf16 --compile=False"):
+    o = dict(runs)[other]
+    if ref.get("tok_s") and o.get("tok_s"):
+        print(f"nanogpt-cpp bf16 / {other}: {ref['tok_s'] / o['tok_s']:.2f}x tokens/s")
+PY
 rm -rf "$work"
-((tests_ok)) || { echo "[gpu] some tests failed: /tmp/gpu_check_ctest.log"; exit 1; }
+stamp "done; logs in $logs"
+((tests_ok)) || { echo "[gpu] some tests or samples failed: $logs"; exit 1; }
