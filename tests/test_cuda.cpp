@@ -5,7 +5,11 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <filesystem>
+#include <random>
 
+#include "model/fast/dropout.h"
+#include "model/generate.h"
 #include "runtime/device.h"
 #include "model/gpt.h"
 #include "train/checkpoint.h"
@@ -98,4 +102,146 @@ TEST(Cuda, OutOfMemoryIsOneLineNamingTheSizes) {
     EXPECT_NE(what.find("batch_size 16384"), std::string::npos) << what;
     EXPECT_NE(what.find("gradient_accumulation_steps"), std::string::npos) << what;
   }
+}
+
+TEST(Cuda, Float32TrainingUsesTf32AsTheConfigSays) {
+  REQUIRE_GPU();
+  for (bool tf32 : {true, false}) {
+    TempDir dir(std::string("cuda_fp32_") + (tf32 ? "tf32" : "ieee"));
+    auto c = tiny_config(dir.path);
+    c.device = "auto";  // resolves to "cuda" without an index: the process's own GPU
+    c.dtype = "float32";
+    c.tf32 = tf32;
+    c.max_iters = 60;
+    c.eval_interval = 30;
+    train::Trainer trainer(c, true);
+    EXPECT_EQ(at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL),
+              tf32 ? at::Float32Precision::TF32 : at::Float32Precision::IEEE);
+    auto result = trainer.run();
+    EXPECT_LT(result.last_val_loss, std::log(65.0) - 0.5);
+    EXPECT_GT(result.peak_gpu_allocated_mb, 0.0);
+    EXPECT_NE(read_text(c.out_dir + "/train.log").find("peak GPU memory"), std::string::npos);
+  }
+}
+
+TEST(Cuda, ChunkedAttentionWithDropoutDrawsTheCpuMaskAndTrains) {
+  REQUIRE_GPU();
+  auto x = torch::randn({4, 64, 64});
+  auto on_cpu = model::apply_dropout_mask(x, 0.2, 99, 17, torch::kFloat);
+  auto on_gpu = model::apply_dropout_mask(x.to(torch::kCUDA), 0.2, 99, 17, torch::kFloat).cpu();
+  EXPECT_TRUE(torch::equal(on_cpu, on_gpu));
+  TempDir dir("cuda_chunked");
+  auto c = tiny_config(dir.path);
+  c.device = "cuda";
+  c.model.attention = "chunked";
+  c.model.dropout = 0.1;
+  c.max_iters = 40;
+  c.eval_interval = 40;
+  EXPECT_LT(train::Trainer(c, true).run().last_val_loss, std::log(65.0) - 0.3);
+}
+
+TEST(Cuda, SdpaGradientsMatchTheMathPath) {
+  REQUIRE_GPU();
+  // The fused kernels' backward (flash in bf16/fp16, efficient or math in fp32) against the spelled-out
+  // softmax(q kᵀ / √hs) v, causal, in fp64 on the GPU.
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    torch::manual_seed(11);
+    auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+    auto q = torch::randn({2, 4, 128, 64}, opts).requires_grad_(true);
+    auto k = torch::randn({2, 4, 128, 64}, opts).requires_grad_(true);
+    auto v = torch::randn({2, 4, 128, 64}, opts).requires_grad_(true);
+    auto dy = torch::randn({2, 4, 128, 64}, opts);
+    auto y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    auto grads = torch::autograd::grad({y}, {q, k, v}, {dy});
+    auto q64 = q.detach().to(torch::kDouble).requires_grad_(true), k64 = k.detach().to(torch::kDouble).requires_grad_(true),
+         v64 = v.detach().to(torch::kDouble).requires_grad_(true);
+    auto mask = torch::ones({128, 128}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBool)).tril();
+    auto att = q64.matmul(k64.transpose(-2, -1)) / 8.0;  // (B, nh, T, T)
+    auto y64 = att.masked_fill(mask.logical_not(), -INFINITY).softmax(-1).matmul(v64);
+    auto ref = torch::autograd::grad({y64}, {q64, k64, v64}, {dy.to(torch::kDouble)});
+    const double tol = dtype == torch::kFloat ? 1e-3 : 3e-2;
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return ((a.to(torch::kDouble) - b).abs().max() / b.abs().max()).item<double>();
+    };
+    EXPECT_LE(rel(y.detach(), y64.detach()), tol) << c10::toString(dtype);
+    for (int i = 0; i < 3; ++i) EXPECT_LE(rel(grads[i], ref[i]), tol) << c10::toString(dtype) << " grad " << i;
+  }
+}
+
+TEST(Cuda, SamplingOnTheGpuMatchesTheCpu) {
+  REQUIRE_GPU();
+  TempDir dir("cuda_sample");
+  auto c = tiny_config(dir.path);
+  c.max_iters = 30;
+  c.eval_interval = 30;
+  train::Trainer(c, true).run();  // on the CPU
+  auto load = [&](torch::Device device) { return train::load_model(c.out_dir + "/" + train::kLastCheckpoint, device).model; };
+  at::globalContext().setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, at::Float32Precision::IEEE);
+  auto cpu = load(torch::kCPU), gpu = load(torch::Device("cuda:0"));
+  model::SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  std::mt19937_64 rng_a(1), rng_b(1);
+  const std::vector<int64_t> prompt = {1, 2, 3};
+  auto a = model::generate(cpu, prompt, 1, 60, greedy, rng_a), b = model::generate(gpu, prompt, 1, 60, greedy, rng_b);
+  EXPECT_EQ(a, b) << "greedy tokens, KV cache";
+  greedy.use_cache = false;
+  EXPECT_EQ(model::generate(gpu, prompt, 1, 60, greedy, rng_b), a) << "greedy tokens, no cache";
+  model::BeamOptions beam;
+  beam.width = 3;
+  auto ba = model::beam_search(cpu, prompt, 30, beam), bb = model::beam_search(gpu, prompt, 30, beam);
+  ASSERT_EQ(ba.size(), bb.size());
+  for (size_t i = 0; i < ba.size(); ++i) {
+    EXPECT_EQ(ba[i].tokens, bb[i].tokens) << "beam " << i;
+    EXPECT_NEAR(ba[i].log_prob, bb[i].log_prob, 1e-3) << "beam " << i;
+  }
+  // Sampled (temperature 1): the same seed gives the same text on the GPU twice, streamed or not.
+  model::SamplingOptions sampled;
+  sampled.temperature = 1.0;
+  std::mt19937_64 r1(5), r2(5);
+  std::vector<int64_t> streamed;
+  auto s1 = model::generate(gpu, prompt, 1, 40, sampled, r1, [&](const std::vector<int64_t>& t, const torch::Tensor&) {
+    streamed.push_back(t[0]);
+    return true;
+  });
+  auto s2 = model::generate(gpu, prompt, 1, 40, sampled, r2);
+  EXPECT_EQ(s1, s2);
+  EXPECT_EQ(std::vector<int64_t>(s1[0].begin() + 3, s1[0].end()), streamed);
+}
+
+TEST(Cuda, ACheckpointMovesCpuToGpuToCpuAndResumesExactly) {
+  REQUIRE_GPU();
+  at::globalContext().setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, at::Float32Precision::IEEE);
+  TempDir dir("cuda_moves");
+  auto base = tiny_config(dir.path);
+  base.model.dropout = 0.0;     // CPU and GPU draw dropout masks from different generators
+  base.model.attention = "math";  // deterministic backward on the GPU (the fused kernels' may not be)
+  base.tf32 = false;
+  auto leg = [&](const std::string& out, const std::string& device, int64_t max_iters, bool resume) {
+    auto c = base;
+    c.out_dir = dir.path + "/" + out;
+    c.device = device;
+    c.max_iters = max_iters;
+    c.init_from = resume ? "resume" : "scratch";
+    return train::Trainer(c, true).run();
+  };
+  // CPU for 10 steps; the checkpoint goes on on the GPU to 20; that one goes back to the CPU to 30.
+  leg("moved", "cpu", 10, false);
+  leg("moved", "cuda", 20, true);
+  const auto back = leg("moved", "cpu", 30, true);
+  EXPECT_EQ(back.iter, 30);
+  // The GPU leg against a GPU run that resumed the same CPU checkpoint, bit for bit; the whole run
+  // against the CPU all the way, within float32 rounding.
+  leg("cpu_only", "cpu", 30, false);
+  auto moved = train_losses(dir.path + "/moved/metrics.csv"), cpu_only = train_losses(dir.path + "/cpu_only/metrics.csv");
+  ASSERT_EQ(moved.size(), 30u);
+  ASSERT_EQ(cpu_only.size(), 30u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(moved[i], cpu_only[i]) << "iter " << i << " (the CPU leg)";
+  for (size_t i = 10; i < 30; ++i) EXPECT_NEAR(std::stod(moved[i]), std::stod(cpu_only[i]), 2e-3) << "iter " << i;
+  leg("gpu_a", "cpu", 10, false);
+  leg("gpu_a", "cuda", 20, true);
+  leg("gpu_b", "cpu", 10, false);
+  leg("gpu_b", "cuda", 15, true);
+  leg("gpu_b", "cuda", 20, true);
+  EXPECT_EQ(train_losses(dir.path + "/gpu_a/metrics.csv"), train_losses(dir.path + "/gpu_b/metrics.csv"))
+      << "resuming on the GPU from a GPU checkpoint is exact";
 }
