@@ -13,9 +13,10 @@ source scripts/env.sh
 # attention explorer's browser test (which skips, saying why, without it). libgloo-dev: Gloo's headers
 # for training on several CPU processes (the Gloo library itself is inside LibTorch).
 # libtcmalloc-minimal4: the nanogpt program's malloc (runtime/host_memory.h: less memory when training).
+# g++-aarch64-linux-gnu: the suite compiles the hand-written kernels for 64-bit Arm too.
 packages=(cmake g++ ninja-build python3 python3-venv libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev
           libcli11-dev nlohmann-json3-dev libcairo2-dev libpango1.0-dev fonts-dejavu-core fonts-wqy-zenhei
-          chromium libgloo-dev libtcmalloc-minimal4)
+          chromium libgloo-dev libtcmalloc-minimal4 g++-aarch64-linux-gnu)
 
 missing=()
 for p in "${packages[@]}"; do

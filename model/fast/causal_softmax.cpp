@@ -38,20 +38,21 @@ inline void softmax_backward_row(const S* __restrict dw, const S* __restrict w, 
 
 // Rows [begin, end) of the (g * T, T) scores; row r is query r % T.
 #define NANOGPT_SOFTMAX_ROWS(S, name)                                                                          \
-  NANOGPT_SIMD_CLONES void name(const S* s, S* w, int64_t begin, int64_t end, int64_t T, float scale) {       \
+  NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, name, (const S* s, S* w, int64_t begin, int64_t end, int64_t T,  \
+                 float scale), (s, w, begin, end, T, scale), {                                                \
     std::vector<float> e(static_cast<size_t>(T));                                                             \
     for (int64_t r = begin; r < end; ++r) softmax_row(s + r * T, w + r * T, e.data(), r % T + 1, T, scale);    \
-  }
+  })
 NANOGPT_SOFTMAX_ROWS(float, softmax_rows_f32)
 NANOGPT_SOFTMAX_ROWS(uint16_t, softmax_rows_bf16)
 #undef NANOGPT_SOFTMAX_ROWS
 
 #define NANOGPT_SOFTMAX_BACKWARD_ROWS(S, name)                                                              \
-  NANOGPT_SIMD_CLONES void name(const S* dw, const S* w, S* ds, int64_t begin, int64_t end, int64_t T,       \
-                                float scale) {                                                              \
+  NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, name, (const S* dw, const S* w, S* ds, int64_t begin, int64_t end, \
+                 int64_t T, float scale), (dw, w, ds, begin, end, T, scale), {                                \
     for (int64_t r = begin; r < end; ++r)                                                                   \
       softmax_backward_row(dw + r * T, w + r * T, ds + r * T, r % T + 1, T, scale);                          \
-  }
+  })
 NANOGPT_SOFTMAX_BACKWARD_ROWS(float, softmax_backward_rows_f32)
 NANOGPT_SOFTMAX_BACKWARD_ROWS(uint16_t, softmax_backward_rows_bf16)
 #undef NANOGPT_SOFTMAX_BACKWARD_ROWS

@@ -21,26 +21,27 @@ namespace {
 constexpr int64_t kIgnoreIndex = -100;  // LibTorch's default ignore_index
 
 // simd.h's softmax passes, compiled into this file's clones (loss_rows itself is a template).
-NANOGPT_SIMD_CLONES float row_max(const float* x, int64_t n) { return max_of(x, n); }
-NANOGPT_SIMD_CLONES float row_exp_shifted_sum(const float* x, float m, float* e, int64_t n) {
-  return exp_shifted_sum(x, m, e, n);
-}
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, float, row_max, (const float* x, int64_t n), (x, n), { return max_of(x, n); })
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, float, row_exp_shifted_sum, (const float* x, float m, float* e, int64_t n), (x, m,
+               e, n), { return exp_shifted_sum(x, m, e, n); })
 
-NANOGPT_SIMD_CLONES void bf16_to_float(const uint16_t* in, float* out, int64_t n) {
-#pragma omp simd
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, bf16_to_float, (const uint16_t* in, float* out, int64_t n), (in, out, n), {
+_Pragma("omp simd")
   for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits_to_float(in[i]);
-}
+})
 
 // out[i] = e[i] * scale rounded to the nearest bf16, ties to even, as c10::BFloat16 rounds.
-NANOGPT_SIMD_CLONES void scale_to_bf16(const float* e, float scale, uint16_t* out, int64_t n) {
-#pragma omp simd
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, scale_to_bf16, (const float* e, float scale, uint16_t* out, int64_t n),
+               (e, scale, out, n), {
+_Pragma("omp simd")
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(e[i] * scale);
-}
+})
 
-NANOGPT_SIMD_CLONES void scale_to_float(const float* e, float scale, float* out, int64_t n) {
-#pragma omp simd
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, scale_to_float, (const float* e, float scale, float* out, int64_t n),
+               (e, scale, out, n), {
+_Pragma("omp simd")
   for (int64_t i = 0; i < n; ++i) out[i] = e[i] * scale;
-}
+})
 
 // A row of logits as fp32: fp32 rows are read in place, bf16 and fp16 rows converted into buf.
 const float* load_row(const float* row, int64_t, float*) { return row; }

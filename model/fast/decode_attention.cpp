@@ -109,16 +109,14 @@ __attribute__((always_inline)) inline void attend_softmax_values(const T* __rest
 
 // Compiled for AVX-512, AVX + FMA and plain x86-64, picked at load time by CPU feature (not by
 // `arch=`, which tests for one vendor's model: an AMD CPU with AVX-512 got the plain variant).
-__attribute__((target_clones("avx512f", "fma", "default")))
-void softmax_values(const float* __restrict values, int64_t Tk, int64_t hs, float scale, float* __restrict p,
-                    float* __restrict o) {
+NANOGPT_KERNEL(NANOGPT_FMA_CLONES, void, softmax_values, (const float* __restrict values, int64_t Tk, int64_t hs,
+               float scale, float* __restrict p, float* __restrict o), (values, Tk, hs, scale, p, o), {
   attend_softmax_values(values, Tk, hs, scale, p, o);
-}
-__attribute__((target_clones("avx512f", "fma", "default")))
-void softmax_values(const uint16_t* __restrict values, int64_t Tk, int64_t hs, float scale, float* __restrict p,
-                    float* __restrict o) {
+})
+NANOGPT_KERNEL(NANOGPT_FMA_CLONES, void, softmax_values, (const uint16_t* __restrict values, int64_t Tk, int64_t hs,
+               float scale, float* __restrict p, float* __restrict o), (values, Tk, hs, scale, p, o), {
   attend_softmax_values(values, Tk, hs, scale, p, o);
-}
+})
 
 // One query head against Tk cached keys and values, each (Tk, hs), fp32 or bf16 (raw bits):
 // o = softmax(q kᵀ · scale) v. Every filled slot, in slot order: the softmax and the weighted sum
@@ -322,11 +320,11 @@ void int8_scores(const uint8_t* keys, int64_t block, int64_t hs, int64_t Tk, con
 }
 
 // p = softmax(p · scale); then the weights times each value's scale, and o = Σ_t w_t v8_t in fp32.
-__attribute__((target_clones("avx512f", "fma", "default")))
-void softmax_int8_values(const int8_t* __restrict values, const float* __restrict sv, int64_t Tk, int64_t hs,
-                         float scale, float* __restrict p, float* __restrict o) {
+NANOGPT_KERNEL(NANOGPT_FMA_CLONES, void, softmax_int8_values, (const int8_t* __restrict values,
+               const float* __restrict sv, int64_t Tk, int64_t hs, float scale, float* __restrict p,
+               float* __restrict o), (values, sv, Tk, hs, scale, p, o), {
   softmax_in_place(p, Tk, scale);
-#pragma omp simd
+_Pragma("omp simd")
   for (int64_t t = 0; t < Tk; ++t) p[t] *= sv[t];
   if (weighted_values_avx512(values, Tk, hs, p, o)) return;
   std::fill(o, o + hs, 0.0f);
@@ -334,7 +332,7 @@ void softmax_int8_values(const int8_t* __restrict values, const float* __restric
     const int8_t* v = values + t * hs;
     for (int64_t d = 0; d < hs; ++d) o[d] += p[t] * load_float(v[d]);
   }
-}
+})
 
 }  // namespace
 

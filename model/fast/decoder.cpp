@@ -150,19 +150,19 @@ struct LaneSums {
 
 // Without AVX-512 (fp32, or bf16 weights and x): compiled for AVX + FMA and plain x86-64, picked at
 // load time by CPU feature (as decode_attention.cpp).
-__attribute__((target_clones("fma", "default")))
-void matvec_rows_portable(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B,
-                          int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
-                          bool accumulate) {
+NANOGPT_KERNEL(NANOGPT_FMA_ONLY_CLONES, void, matvec_rows_portable, (const float* __restrict w,
+               const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1,
+               float* __restrict y, int64_t y_stride, bool accumulate), (w, x, x_stride, B, cols, r0, r1, y, y_stride,
+               accumulate), {
   matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, LaneSums{});
-}
+})
 
-__attribute__((target_clones("fma", "default")))
-void matvec_rows_portable(const uint16_t* __restrict w, const uint16_t* __restrict x, int64_t x_stride, int64_t B,
-                          int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
-                          bool accumulate) {
+NANOGPT_KERNEL(NANOGPT_FMA_ONLY_CLONES, void, matvec_rows_portable, (const uint16_t* __restrict w,
+               const uint16_t* __restrict x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1,
+               float* __restrict y, int64_t y_stride, bool accumulate), (w, x, x_stride, B, cols, r0, r1, y, y_stride,
+               accumulate), {
   matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, LaneSums{});
-}
+})
 
 #if NANOGPT_X86_INTRINSICS
 // The lanes' adds of sum_lanes: fp32, or int32 on the same 512 bits (the int8 products' sums).
@@ -266,60 +266,26 @@ void matvec_rows_avx512_bf16(const uint16_t* __restrict w, const uint16_t* __res
 
 #endif
 
-// Which kernels run: the widest the CPU has (AVX512-BF16 dot products, AVX-512, else portable
-// code), or as the environment variable NANOGPT_KERNELS caps it: "avx512f" (no bf16 dot products)
-// or "portable" (the tests run each so on a CPU that has everything).
-// The int8 products' dot products (VPDPBUSD) come with AVX512-VNNI, a feature of their own (Ice
-// Lake has it without AVX512-BF16); both caps turn them off.
-enum class Kernels { portable, avx512f, avx512_bf16 };
-struct KernelChoice {
-  Kernels kernels = Kernels::portable;
-  bool vnni = false;  // AVX512-VNNI for the int8 products
-};
-const KernelChoice& kernel_choice() {
-  static const KernelChoice chosen = [] {
-    KernelChoice c;
-#if NANOGPT_X86_INTRINSICS
-    const char* env = std::getenv("NANOGPT_KERNELS");
-    const std::string cap = env ? env : "";
-    if (!cap.empty() && cap != "avx512f" && cap != "portable")
-      fmt::print(stderr, "[model] warning: NANOGPT_KERNELS={} is not a kernel set (avx512f or portable): ignored\n", cap);
-    __builtin_cpu_init();
-    if (cap == "portable" || !__builtin_cpu_supports("avx512f")) return c;
-    c.kernels = Kernels::avx512f;
-    if (cap == "avx512f") return c;
-    if (__builtin_cpu_supports("avx512bf16")) c.kernels = Kernels::avx512_bf16;
-    c.vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
-#endif
-    return c;
-  }();
-  return chosen;
-}
-Kernels kernels() { return kernel_choice().kernels; }
 
 template <typename W, typename X>
 void matvec_rows_any(const W* __restrict w, const X* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                      int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
 #if NANOGPT_X86_INTRINSICS
-  if (kernels() != Kernels::portable)
+  if (avx512_kernels())
     return matvec_rows_avx512(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_rows_portable(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
 }
 
 // out[b * cols + i] = x[b * x_stride + i] rounded to bf16 (simd.h's float_to_bf16_bits).
-NANOGPT_SIMD_CLONES
-void round_rows_to_bf16(const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
-                        uint16_t* __restrict out) {
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, round_rows_to_bf16, (const float* __restrict x, int64_t x_stride, int64_t B,
+               int64_t cols, uint16_t* __restrict out), (x, x_stride, B, cols, out), {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < cols; ++i) out[b * cols + i] = float_to_bf16_bits(x[b * x_stride + i]);
-}
+})
 
 }  // namespace
 
-bool avx512_kernels() { return kernels() != Kernels::portable; }
-bool avx512_bf16_kernels() { return kernels() == Kernels::avx512_bf16; }
-bool vnni_kernels() { return kernel_choice().vnni; }
 
 void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
@@ -332,7 +298,7 @@ void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_
   rounded.resize(B * cols);
   round_rows_to_bf16(x, x_stride, B, cols, rounded.data());
 #if NANOGPT_X86_INTRINSICS
-  if (kernels() == Kernels::avx512_bf16)
+  if (avx512_bf16_kernels())
     return matvec_rows_avx512_bf16(w, rounded.data(), cols, B, cols, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_rows_any(w, rounded.data(), cols, B, cols, r0, r1, y, y_stride, accumulate);
@@ -380,12 +346,12 @@ inline __attribute__((always_inline)) void matvec_rows_int8_blocks(const Int8Row
     }
 }
 
-NANOGPT_SIMD_CLONES
-void matvec_rows_int8_portable(const Int8Rows& w, const int8_t* __restrict xq, const float* xs, const int32_t* xsum,
-                               int64_t B, int64_t cols, int64_t r0, int64_t r1, float* __restrict y,
-                               int64_t y_stride, bool accumulate) {
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, matvec_rows_int8_portable, (const Int8Rows& w, const int8_t* __restrict xq,
+               const float* xs, const int32_t* xsum, int64_t B, int64_t cols, int64_t r0, int64_t r1,
+               float* __restrict y, int64_t y_stride, bool accumulate), (w, xq, xs, xsum, B, cols, r0, r1, y, y_stride,
+               accumulate), {
   matvec_rows_int8_blocks(w, xq, xs, xsum, B, cols, r0, r1, y, y_stride, accumulate, LaneSums{});
-}
+})
 
 #if NANOGPT_X86_INTRINSICS
 // VPDPBUSD: 64 byte pairs of a row a step, each lane adding four products of an unsigned weight
@@ -425,10 +391,10 @@ void matvec_rows_int8_vnni(const Int8Rows& w, const int8_t* __restrict xq, const
 // NaN or inf in x: s is NaN (so are the products' outputs) and xq zeros. Each thread quantizes each
 // product's input itself, so these loops run 24 times a token per thread on the full-preset model:
 // as scalar code (nearbyintf through the PLT, no vector max) they took 13% of a token's time.
-NANOGPT_SIMD_CLONES
-float quantize_row_int8_portable(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, float, quantize_row_int8_portable, (const float* __restrict x, int64_t cols,
+               int8_t* __restrict xq, int32_t* sum), (x, cols, xq, sum), {
   float amax = 0.0f, nonfinite = 0.0f;  // nonfinite: x - x summed, NaN once any x is NaN or inf
-#pragma omp simd reduction(max : amax) reduction(+ : nonfinite)
+_Pragma("omp simd reduction(max : amax) reduction(+ : nonfinite)")
   for (int64_t i = 0; i < cols; ++i) {
     amax = std::max(amax, std::fabs(x[i]));
     nonfinite += x[i] - x[i];
@@ -440,7 +406,7 @@ float quantize_row_int8_portable(const float* __restrict x, int64_t cols, int8_t
     return std::numeric_limits<float>::quiet_NaN();
   }
   const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
-#pragma omp simd reduction(+ : total)
+_Pragma("omp simd reduction(+ : total)")
   for (int64_t i = 0; i < cols; ++i) {
     const float v = std::nearbyint(x[i] / s);
     xq[i] = static_cast<int8_t>(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
@@ -448,7 +414,7 @@ float quantize_row_int8_portable(const float* __restrict x, int64_t cols, int8_t
   }
   *sum = total;
   return s;
-}
+})
 
 #if NANOGPT_X86_INTRINSICS
 // The same with AVX-512 intrinsics, the same bits (IEEE division, round to nearest even, the same
@@ -574,10 +540,9 @@ inline void store_tile(const float (&acc)[kInt4Tile], float s, int64_t row0, int
 
 // The portable loops: the same integer sums (exact, so in any order) and the same fp32 fused
 // multiply-adds in the same order as the VNNI kernel, so the same bits.
-NANOGPT_SIMD_CLONES
-void matvec_rows_int4_portable(const Int4Tiles& w, const int8_t* __restrict xq, const float* s, const float* gsum,
-                               int64_t B, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
-                               bool accumulate) {
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, matvec_rows_int4_portable, (const Int4Tiles& w, const int8_t* __restrict xq,
+               const float* s, const float* gsum, int64_t B, int64_t r0, int64_t r1, float* __restrict y,
+               int64_t y_stride, bool accumulate), (w, xq, s, gsum, B, r0, r1, y, y_stride, accumulate), {
   const int64_t groups = int4_groups(w.cols), padded = groups * kInt4Group;
   for (int64_t row0 = r0; row0 < r1; row0 += kInt4Tile) {
     const uint8_t* tile = w.data + row0 / kInt4Tile * groups * kInt4GroupBytes;
@@ -604,7 +569,7 @@ void matvec_rows_int4_portable(const Int4Tiles& w, const int8_t* __restrict xq, 
       store_tile(acc, s[b], row0, r1, y + b * y_stride, accumulate);
     }
   }
-}
+})
 
 #if NANOGPT_X86_INTRINSICS
 // Four bytes of x in every lane.
@@ -664,14 +629,14 @@ namespace {
 // group by group: d = (max - min) / 15 and m = min in bf16 (d NaN once a weight is NaN or
 // infinite), then each weight's nearest step u = (w - m) / d in 0..15 from the rounded d and m,
 // as an IEEE division and round-to-nearest-even in every lane.
-NANOGPT_SIMD_CLONES
-void quantize_int4_row(const float* __restrict w, int64_t cols, int64_t j, uint8_t* __restrict tile) {
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, quantize_int4_row, (const float* __restrict w, int64_t cols, int64_t j,
+               uint8_t* __restrict tile), (w, cols, j, tile), {
   uint8_t u[kInt4Group];
   for (int64_t g = 0, k0 = 0; k0 < cols; ++g, k0 += kInt4Group) {
     const int64_t n = std::min(kInt4Group, cols - k0);
     const float* group = w + k0;
     float lo = group[0], hi = group[0], nonfinite = 0.0f;
-#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(+ : nonfinite)
+_Pragma("omp simd reduction(min : lo) reduction(max : hi) reduction(+ : nonfinite)")
     for (int64_t k = 0; k < n; ++k) {
       lo = std::min(lo, group[k]);
       hi = std::max(hi, group[k]);
@@ -684,7 +649,7 @@ void quantize_int4_row(const float* __restrict w, int64_t cols, int64_t j, uint8
     std::memcpy(p + kInt4Chunks * 64 + 2 * j, &d_bits, 2);
     std::memcpy(p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), &m_bits, 2);
     const float d = bf16_bits_to_float(d_bits), m = bf16_bits_to_float(m_bits);
-#pragma omp simd
+_Pragma("omp simd")
     for (int64_t k = 0; k < n; ++k) {
       const float v = d > 0.0f ? std::nearbyint((group[k] - m) / d) : 0.0f;
       u[k] = static_cast<uint8_t>(v > 15.0f ? 15.0f : v > 0.0f ? v : 0.0f);  // (NaN: 0)
@@ -694,7 +659,7 @@ void quantize_int4_row(const float* __restrict w, int64_t cols, int64_t j, uint8
       for (int64_t i = 0; i < 4; ++i)
         p[c * 64 + 4 * j + i] = static_cast<uint8_t>(u[8 * c + i] | u[8 * c + 4 + i] << 4);
   }
-}
+})
 
 #if NANOGPT_X86_INTRINSICS
 // The same for a row of whole groups in AVX-512 intrinsics, the same bytes (the same range, IEEE
@@ -822,11 +787,10 @@ void add_bias(const float* bias, int64_t B, int64_t r0, int64_t r1, float* y, in
 float silu(float v) { return v / (1.0f + std::exp(-v)); }
 
 // h[r] = GELU(h[r]) (exact, like torch::gelu) for r0 <= r < r1, vectorised (simd.h's gelu_erf).
-__attribute__((target_clones("avx512f", "fma", "default")))
-void gelu_rows(float* __restrict h, int64_t r0, int64_t r1) {
-#pragma omp simd
+NANOGPT_KERNEL(NANOGPT_FMA_CLONES, void, gelu_rows, (float* __restrict h, int64_t r0, int64_t r1), (h, r0, r1), {
+_Pragma("omp simd")
   for (int64_t r = r0; r < r1; ++r) h[r] = gelu_erf(h[r]);
-}
+})
 
 }  // namespace
 
@@ -995,27 +959,27 @@ namespace {
 
 // One row's LayerNorm (or RMSNorm: `rms`) in fp32 lane sums, vectorised in each instruction-set
 // clone. (In scalar double sums, as before, the 13 norms of a full-preset token took ~6% of it.)
-NANOGPT_SIMD_CLONES
-void norm_row(const float* __restrict x, const float* __restrict w, const float* __restrict b, int64_t C, bool rms,
-              float eps, float* __restrict out) {
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, norm_row, (const float* __restrict x, const float* __restrict w,
+               const float* __restrict b, int64_t C, bool rms, float eps, float* __restrict out), (x, w, b, C, rms, eps,
+               out), {
   float mean = 0.0f;
   if (!rms) {
-#pragma omp simd reduction(+ : mean)
+_Pragma("omp simd reduction(+ : mean)")
     for (int64_t i = 0; i < C; ++i) mean += x[i];
     mean /= static_cast<float>(C);
   }
   float var = 0.0f;  // layernorm: the biased variance; rmsnorm: the mean square
-#pragma omp simd reduction(+ : var)
+_Pragma("omp simd reduction(+ : var)")
   for (int64_t i = 0; i < C; ++i) var += (x[i] - mean) * (x[i] - mean);
   const float inv = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
   if (b) {
-#pragma omp simd
+_Pragma("omp simd")
     for (int64_t i = 0; i < C; ++i) out[i] = (x[i] - mean) * inv * w[i] + b[i];
   } else {
-#pragma omp simd
+_Pragma("omp simd")
     for (int64_t i = 0; i < C; ++i) out[i] = (x[i] - mean) * inv * w[i];
   }
-}
+})
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "model/fast/kernel_choice.h"
 #include "model/fast/simd.h"
 
 namespace nanogpt::model {
@@ -27,13 +28,6 @@ inline float dot(const A* __restrict a, const B* __restrict b, int64_t n) {
 
 constexpr int64_t kRowBlock = 4;  // matvec_rows: output rows computed together
 
-/// Whether the hand-written kernels may use AVX-512: the CPU has it and NANOGPT_KERNELS does not cap
-/// them at `portable` (decoder.cpp's choice, which the tests set to run each kernel on one CPU).
-bool avx512_kernels();
-/// Whether they may also use AVX512-BF16 (its conversions and dot products): the CPU has it and
-/// NANOGPT_KERNELS caps them at neither avx512f nor portable.
-bool avx512_bf16_kernels();
-
 /// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B;
 /// w (rows, cols) row-major. The matrix-vector product of the decoder (defined in decoder.cpp), and
 /// attention's scores (keys · query), in fp32. The second form takes w in bf16 (raw bits) and rounds
@@ -45,10 +39,6 @@ void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
 void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
-
-/// Whether the int8 dot products may use AVX512-VNNI (VPDPBUSD): the CPU has it and NANOGPT_KERNELS
-/// caps the kernels at neither avx512f nor portable.
-bool vnni_kernels();
 
 /// x (n values) -> q = nearbyint(x / s), s = max|x| / 127 (1 for zeros), clamped to ±127; returns s,
 /// and Σ q in *sum. NaN or inf in x: s is NaN and q zeros. (Each product's input, and with

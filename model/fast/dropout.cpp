@@ -31,9 +31,10 @@ inline uint64_t splitmix64(uint64_t z) {
 
 constexpr int64_t kBlockWords = 1024;  // hashes per block: 8 KB, 4096 draws
 
-NANOGPT_SIMD_CLONES void fill_hashes(uint64_t* __restrict h, int64_t first_word, int64_t n, uint64_t seed) {
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, fill_hashes, (uint64_t* __restrict h, int64_t first_word, int64_t n,
+               uint64_t seed), (h, first_word, n, seed), {
   for (int64_t k = 0; k < n; ++k) h[k] = splitmix64(seed + static_cast<uint64_t>(first_word + k + 1) * 0x9E3779B97F4A7C15ULL);
-}
+})
 
 // bf16 travels as its raw 16 bits (uint16_t) through the vectorised loops (model/fast/simd.h).
 template <typename in_t, typename out_t>
@@ -46,9 +47,9 @@ __attribute__((always_inline)) inline void scale_kept(const uint16_t* __restrict
 }
 
 #define NANOGPT_SCALE_KEPT(in_t, out_t, name)                                                                  \
-  NANOGPT_SIMD_CLONES void name(const uint16_t* draw, const in_t* x, out_t* y, int64_t n, uint16_t threshold, float keep) { \
-    scale_kept(draw, x, y, n, threshold, keep);                                                               \
-  }
+  NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, name, (const uint16_t* draw, const in_t* x, out_t* y, int64_t n,        \
+                 uint16_t threshold, float keep), (draw, x, y, n, threshold, keep),                             \
+                 { scale_kept(draw, x, y, n, threshold, keep); })
 NANOGPT_SCALE_KEPT(float, float, scale_kept_f32_f32)
 NANOGPT_SCALE_KEPT(float, uint16_t, scale_kept_f32_bf16)
 NANOGPT_SCALE_KEPT(uint16_t, float, scale_kept_bf16_f32)

@@ -20,10 +20,10 @@ using torch::autograd::variable_list;
 // The H head rows of one position: in + head * in_h -> out + head * out_h. Compiled for each
 // instruction set (simd.h) per direction and dtype.
 #define NANOGPT_ROPE_HEADS(name, backward, T)                                                                     \
-  NANOGPT_SIMD_CLONES void name(const T* in, int64_t in_h, T* out, int64_t out_h, const float* c, const float* s, \
-                                int64_t H, int64_t h) {                                                           \
+  NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, name, (const T* in, int64_t in_h, T* out, int64_t out_h, const float* c, \
+                 const float* s, int64_t H, int64_t h), (in, in_h, out, out_h, c, s, H, h), {                        \
     for (int64_t head = 0; head < H; ++head) rope_rotate_row<backward>(in + head * in_h, out + head * out_h, c, s, h); \
-  }
+  })
 NANOGPT_ROPE_HEADS(forward_f32, false, float)
 NANOGPT_ROPE_HEADS(backward_f32, true, float)
 NANOGPT_ROPE_HEADS(forward_bf16, false, uint16_t)

@@ -11,13 +11,31 @@
 #include <cstdint>
 #include <cstring>
 
+#include "model/fast/kernel_choice.h"
+
 /// Builds a function for AVX-512, AVX2 and baseline x86-64, picked when the program loads by CPU
-/// feature (the baseline build alone would stop at SSE2, a quarter of AVX-512's width).
+/// feature (the baseline build alone would stop at SSE2, a quarter of AVX-512's width), or for
+/// AVX-512, AVX + FMA and the baseline (NANOGPT_FMA_CLONES), or AVX + FMA and the baseline
+/// (NANOGPT_FMA_ONLY_CLONES). By ISA, not CPU model (`arch=` tests for one vendor's models: an AMD
+/// CPU with AVX-512 got the plain variant). Elsewhere (64-bit Arm, clang) each is one plain build.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define NANOGPT_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define NANOGPT_FMA_CLONES __attribute__((target_clones("avx512f", "fma", "default")))
+#define NANOGPT_FMA_ONLY_CLONES __attribute__((target_clones("fma", "default")))
 #else
 #define NANOGPT_SIMD_CLONES
+#define NANOGPT_FMA_CLONES
+#define NANOGPT_FMA_ONLY_CLONES
 #endif
+
+/// A kernel written once and built twice: with `clones` (one of the macros above) and for the
+/// baseline alone, as `name##_clones` and `name##_baseline`; `name` calls the first, or the second
+/// under NANOGPT_KERNELS=portable (kernel_choice.h), so one machine runs the code other CPUs run.
+/// `params` and `args` are parenthesised lists; the body follows in braces.
+#define NANOGPT_KERNEL(clones, ret, name, params, args, ...) \
+  clones ret name##_clones params __VA_ARGS__                \
+  ret name##_baseline params __VA_ARGS__                     \
+  ret name params { return simd_kernels() ? name##_clones args : name##_baseline args; }
 
 namespace nanogpt::model {
 

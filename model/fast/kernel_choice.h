@@ -1,0 +1,25 @@
+// Which hand-written CPU kernels run: the widest the CPU has, or as the environment variable
+// NANOGPT_KERNELS caps them, so that one machine can run (and the tests can check) the code that
+// CPUs without AVX-512 run:
+//   (unset)   AVX512-BF16 dot products, AVX-512 intrinsics and each loop's widest clone (simd.h);
+//   avx512f   no bf16 dot products and no AVX512-VNNI;
+//   portable  no intrinsics, and every loop built for several instruction sets runs its baseline
+//             build (plain x86-64, or whatever the target is: 64-bit Arm has no clones at all).
+#pragma once
+
+namespace nanogpt::model {
+
+/// Whether the kernels may use AVX-512 intrinsics: the CPU has AVX-512F and NANOGPT_KERNELS is not
+/// `portable`.
+bool avx512_kernels();
+/// Whether they may also use AVX512-BF16 (its conversions and dot products): the CPU has it and
+/// NANOGPT_KERNELS caps them at neither avx512f nor portable.
+bool avx512_bf16_kernels();
+/// Whether the int8 dot products may use AVX512-VNNI (VPDPBUSD): the CPU has it (with AVX512-BW) and
+/// NANOGPT_KERNELS caps the kernels at neither avx512f nor portable.
+bool vnni_kernels();
+/// Whether a loop built for several instruction sets (simd.h's NANOGPT_KERNEL) runs the clone the
+/// CPU picks (true) or its baseline build (NANOGPT_KERNELS=portable).
+bool simd_kernels();
+
+}  // namespace nanogpt::model
