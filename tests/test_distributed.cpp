@@ -297,6 +297,37 @@ TEST_F(Distributed, AKilledRankStopsTheOtherWithinTheTimeoutNamingIt) {
   EXPECT_NO_THROW(train::load_model(out + "/" + train::kLastCheckpoint));
 }
 
+// NCCL on two GPUs: a killed rank, and a frozen one (SIGSTOP: its sockets stay open, so only the
+// timeout can tell), stop the survivor within ddp_timeout and a few seconds, with Gloo's one line.
+// LibTorch's defaults would not: its wait() returns at once and its watchdog aborts the process
+// with a stack dump; the CUDA plugin asks for a blocking wait (runtime/cuda/plugin.cpp).
+TEST(DistributedNccl, AKilledOrFrozenRankStopsTheOtherWithinTheTimeoutNamingIt) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2)
+    GTEST_SKIP() << "needs two CUDA GPUs (NCCL puts one rank on each)";
+  for (const int sig : {SIGKILL, SIGSTOP}) {
+    SCOPED_TRACE(sig == SIGKILL ? "SIGKILL" : "SIGSTOP");
+    TempDir dir(sig == SIGKILL ? "nccl_kill" : "nccl_stop");
+    const auto config = write_config(dir.path, 100000);
+    const std::string out = dir.path + "/out";
+    const auto args =
+        train_args(config, out, {"--ddp_timeout=15", "--eval_interval=20", "--device=cuda", "--backend=nccl"});
+    auto procs = start_pair(args, args, out, free_port());
+    ASSERT_TRUE(wait_for_iter(out + "/metrics.csv", 25, std::chrono::seconds(120))) << read_text(procs[0].err);
+    ::kill(procs[1].pid, sig);
+    const auto t0 = Clock::now();
+    const int rc = wait_for(procs[0], std::chrono::seconds(60));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (sig == SIGSTOP) ::kill(procs[1].pid, SIGKILL);
+    wait_for(procs[1]);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(rc, -1) << "rank 0 hung";
+    EXPECT_LT(seconds, 15.0 + 10.0);
+    const std::string err = read_text(procs[0].err);
+    EXPECT_EQ(err.rfind("error: [ddp] rank 0: lost rank 1 ", 0), 0u) << err;
+    EXPECT_EQ(count(err, "\n"), 1) << err;
+  }
+}
+
 TEST_F(Distributed, RanksWithDifferentConfigsAreRefusedAtStartUp) {
   TempDir dir("ddp_mismatch");
   const auto config = write_config(dir.path, 20);
