@@ -204,6 +204,41 @@ TEST_F(Distributed, TwoProcessesLogTheLossesOfOneProcess) {
   }
 }
 
+// Two hosts for real: two network namespaces joined by a veth pair, one torchrun node in each
+// (scripts/two_hosts.sh). The hostname resolves to loopback in both, as on Debian's default
+// /etc/hosts: each rank's Gloo device must listen on the address that routes to MASTER_ADDR, not on
+// 127.0.0.1 (then the mesh timed out). The losses are one process's.
+TEST_F(Distributed, TwoHostsJoinedByAVethPairTrainAsOneProcess) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces";
+  if (std::system("command -v ip >/dev/null 2>&1") != 0) GTEST_SKIP() << "no 'ip' command (Debian: iproute2)";
+  TempDir dir("two_hosts");
+  const auto config = write_config(dir.path, 12);
+  auto one = start(train_args(config, dir.path + "/one"), {}, dir.path + "/one");
+  ASSERT_EQ(wait_for(one), 0) << read_text(one.err);
+  const std::string out = dir.path + "/two";
+  const std::string command = "NANOGPT_BIN=" + std::string(NANOGPT_BINARY) + " " + NANOGPT_SOURCE_DIR +
+                              "/scripts/two_hosts.sh " + config + " " + out + " --ddp_timeout=30 > " + dir.path +
+                              "/two_hosts.out 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << read_text(dir.path + "/two_hosts.out") << read_text(out + "/node0.log");
+  expect_same_losses(dir.path + "/one/metrics.csv", out + "/metrics.csv", 1e-5);
+  EXPECT_NE(read_text(out + "/node0.log").find("[ddp] 2 processes (gloo)"), std::string::npos);
+}
+
+TEST(GlooEndpoints, NamedInterfacesElseTheRouteToTheMaster) {
+  ::setenv("GLOO_SOCKET_IFNAME", "eth0,eth1", 1);
+  EXPECT_EQ(train::gloo_endpoints("10.0.0.1"), (std::vector<std::string>{"interface:eth0", "interface:eth1"}));
+  ::unsetenv("GLOO_SOCKET_IFNAME");
+  EXPECT_EQ(train::gloo_endpoints("127.0.0.1"), std::vector<std::string>{"address:127.0.0.1"});
+  EXPECT_EQ(train::route_source_address("127.0.0.1"), "127.0.0.1");
+  try {
+    train::route_source_address("no-such-host.invalid");
+    FAIL() << "an unresolvable MASTER_ADDR was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("[ddp] MASTER_ADDR 'no-such-host.invalid' does not resolve"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(Distributed, CtrlCSavesOnceAndTheResumedRunMatchesAnUninterruptedOne) {
   TempDir dir("ddp_sigint");
   const auto config = write_config(dir.path, 120);

@@ -118,7 +118,7 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, torch::Device device, const std
       backend_ = make_nccl_backend(backend_store, r, n, timeout_ms);
     } else {
       backend_name_ = "gloo";
-      backend_ = make_gloo_backend(backend_store, r, n, timeout_ms);
+      backend_ = make_gloo_backend(backend_store, r, n, timeout_ms, env.master_addr);
     }
   } catch (const std::exception& e) {
     if (std::string(e.what()).rfind("[ddp]", 0) == 0) throw;
