@@ -104,8 +104,8 @@ count_tmp_files() {
   TMP_COUNT=$n
 }
 
-last_saved_iter() {  # the last "[ckpt] saved .../ckpt_last.safetensors (iter N)" in a run's output, or -1
-  grep -o 'ckpt_last.safetensors (iter [0-9]*)' "$1" | tail -1 | grep -o '[0-9]*)' | tr -d ')' || true
+last_saved_iter() {  # the last "[ckpt] saved .../ckpt_last.safetensors (iter N, T ms)" in a run's output, or -1
+  grep -o 'ckpt_last.safetensors (iter [0-9]*' "$1" | tail -1 | grep -o '[0-9]*$' || true
 }
 
 # --- 1. an uninterrupted reference run -----------------------------------------------------------

@@ -13,12 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -448,6 +450,69 @@ TEST_F(Distributed, TorchrunLaunchesIt) {
   auto run = start(args, {}, dir.path + "/torchrun");
   ASSERT_EQ(wait_for(run), 0) << read_text(run.err);
   expect_same_losses(dir.path + "/one/metrics.csv", dir.path + "/two/metrics.csv", 1e-5);
+}
+
+// The pid of the `nanogpt train` process whose environment says RANK=<rank> and whose command line
+// names `out_dir` (a torchrun worker), or -1.
+pid_t worker_pid(int rank, const std::string& out_dir) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = read_text(entry.path() / "cmdline"), environ_text = read_text(entry.path() / "environ");
+    for (auto* text : {&cmdline, &environ_text}) std::replace(text->begin(), text->end(), '\0', '\n');
+    if (cmdline.find("\ntrain\n") != std::string::npos && cmdline.find("--out_dir=" + out_dir + "\n") != std::string::npos &&
+        ("\n" + environ_text).find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return static_cast<pid_t>(std::stol(name));
+  }
+  return -1;
+}
+
+// torchrun --max-restarts: rank 1 killed at a random iteration; torchrun restarts the group, which
+// goes on from the last checkpoint (saved every 3 iterations, so steps are lost and done again), and
+// the run's losses are those of a run that was never interrupted, bit for bit.
+TEST_F(Distributed, TorchrunRestartsTheGroupAndTheRunGoesOnFromItsLastCheckpoint) {
+  const std::string python = NANOGPT_PYTHON;
+  const std::string torchrun = std::filesystem::path(python).parent_path() / "torchrun";
+  if (python.empty() || !std::filesystem::exists(torchrun)) GTEST_SKIP() << "no torchrun beside " << python;
+  TempDir dir("ddp_restart");
+  const auto config = write_config(dir.path, 40);
+  auto launch = [&](const std::string& out, const std::string& restarts) {
+    std::vector<std::string> args{torchrun, "--no-python", "--standalone", "--nproc_per_node=2", "--max-restarts=" + restarts};
+    for (const auto& a : train_args(config, out, {"--checkpoint_interval=3", "--eval_interval=20", "--ddp_timeout=20"}))
+      args.push_back(a);
+    return start(args, {}, out + "_torchrun");
+  };
+  auto whole = launch(dir.path + "/whole", "0");
+  ASSERT_EQ(wait_for(whole), 0) << read_text(dir.path + "/whole_torchrun.err");
+  std::mt19937 rng(static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  const int64_t kill_at = 5 + static_cast<int64_t>(rng() % 25);
+  const std::string cut = dir.path + "/cut";
+  auto run = launch(cut, "1");
+  ASSERT_TRUE(wait_for_iter(cut + "/metrics.csv", kill_at)) << read_text(cut + "_torchrun.err");
+  const pid_t victim = worker_pid(1, cut);
+  ASSERT_GT(victim, 0) << "rank 1's process not found";
+  ::kill(victim, SIGKILL);
+  ASSERT_EQ(wait_for(run, std::chrono::seconds(180)), 0) << "killed at iter " << kill_at << "\n"
+                                                          << read_text(cut + "_torchrun.err");
+  const std::string log = read_text(cut + "/train.log");
+  EXPECT_NE(log.find("[ckpt] torchrun restarted the workers (restart 1): resuming from"), std::string::npos) << log;
+  EXPECT_EQ(train_losses(dir.path + "/whole/metrics.csv"), train_losses(cut + "/metrics.csv")) << "killed at iter " << kill_at;
+}
+
+// Without a checkpoint of this run, a restarted group starts afresh and says why.
+TEST_F(Distributed, ARestartedGroupWithoutACheckpointStartsAfresh) {
+  TempDir dir("ddp_restart_fresh");
+  const auto config = write_config(dir.path, 8);
+  const std::string out = dir.path + "/out";
+  auto p = start(train_args(config, out), {"RANK=0", "LOCAL_RANK=0", "WORLD_SIZE=1", "LOCAL_WORLD_SIZE=1",
+                                           "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(free_port()),
+                                           "TORCHELASTIC_RESTART_COUNT=2"},
+                 out);
+  ASSERT_EQ(wait_for(p), 0) << read_text(p.err);
+  EXPECT_NE(read_text(out + "/train.log").find("torchrun restarted the workers (restart 2): starting afresh, as out_dir "
+                                               "holds no checkpoint"),
+            std::string::npos)
+      << read_text(out + "/train.log");
 }
 
 // torchrun's variables, read: none means one process; a partial or malformed set is one error.

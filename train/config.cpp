@@ -49,7 +49,7 @@ struct Key {
 const std::array kKeys = {
     KEY(out_dir, "I/O"), KEY(eval_interval, nullptr), KEY(log_interval, nullptr),
     KEY(eval_iters, nullptr), KEY(eval_only, nullptr), KEY(always_save_checkpoint, nullptr),
-    KEY(init_from, nullptr),
+    KEY(init_from, nullptr), KEY(checkpoint_interval, nullptr), KEY(checkpoint_minutes, nullptr),
     KEY(dataset, "data"), KEY(val_fraction, nullptr), KEY(gradient_accumulation_steps, nullptr),
     KEY(batch_size, nullptr), MODEL_KEY(block_size, nullptr),
     MODEL_KEY(n_layer, "model"), MODEL_KEY(n_head, nullptr), MODEL_KEY(n_kv_head, nullptr), MODEL_KEY(n_embd, nullptr),
@@ -368,6 +368,10 @@ void TrainConfig::validate() const {
   check(beta1 >= 0 && beta1 < 1, "beta1", d(beta1), "must be in [0, 1), e.g. 0.9");
   check(beta2 >= 0 && beta2 < 1, "beta2", d(beta2), "must be in [0, 1), e.g. 0.99 or 0.95");
   check(grad_clip >= 0, "grad_clip", d(grad_clip), "must be >= 0 (0 turns clipping off)");
+  check(checkpoint_interval >= 0, "checkpoint_interval", i(checkpoint_interval),
+        "must be >= 0 iterations (0 = save at evaluations only)");
+  check(checkpoint_minutes >= 0 && std::isfinite(checkpoint_minutes), "checkpoint_minutes", d(checkpoint_minutes),
+        "must be >= 0 minutes (0 = off)");
   check(in(optimizer, {"adamw", "muon"}), "optimizer", optimizer, "must be adamw or muon");
   check(muon_learning_rate > 0, "muon_learning_rate", d(muon_learning_rate), "must be > 0, e.g. 0.02");
   check(muon_momentum >= 0 && muon_momentum < 1, "muon_momentum", d(muon_momentum), "must be in [0, 1), e.g. 0.95");

@@ -21,6 +21,8 @@ struct TrainConfig {
   bool eval_only = false;                    // evaluate once and exit
   bool always_save_checkpoint = true;        // true: ckpt_best.safetensors at every eval (nanoGPT's ckpt.pt); false: only when val improves
   std::string init_from = "scratch";         // scratch | resume
+  int64_t checkpoint_interval = 0;           // also save ckpt_last every this many iterations; 0 = at evaluations only
+  double checkpoint_minutes = 0;             // also save ckpt_last when this many minutes passed since the last save; 0 = off
   // data
   std::string dataset = "data/shakespeare_char";  // folder with input.txt (tokens prepared on demand)
   double val_fraction = 0.1;                 // last fraction of the characters held out for val

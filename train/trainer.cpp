@@ -94,6 +94,17 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (ec) throw std::runtime_error("[train] cannot create out_dir '" + config_.out_dir + "': " + ec.message());
   const std::string last_path = config_.out_dir + "/" + kLastCheckpoint;
 
+  // A worker group that torchrun restarted after a failure (--max-restarts) goes on from the last
+  // complete checkpoint of this run by itself: the steps since it are lost, nothing else.
+  if (launch_.restart_count > 0 && config_.init_from == "scratch") {
+    const std::string why = restart_checkpoint_mismatch(last_path);
+    if (why.empty()) config_.init_from = "resume";
+    restart_note_ = why.empty()
+                        ? fmt::format("[ckpt] torchrun restarted the workers (restart {}): resuming from {}",
+                                      launch_.restart_count, last_path)
+                        : fmt::format("[ckpt] torchrun restarted the workers (restart {}): starting afresh, {}",
+                                      launch_.restart_count, why);
+  }
   CheckpointMeta resume_meta;
   const bool resume = config_.init_from == "resume";
   if (resume) {
@@ -106,6 +117,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   }
   // Only rank 0 speaks and writes; another rank's errors still reach stderr (cli/main.cpp).
   log_ = is_main() ? make_logger(config_.out_dir + "/train.log", quiet) : make_logger("", true);
+  if (!restart_note_.empty()) log_->info("{}", restart_note_);
   if (launch_.launched) {
     group_ = std::make_unique<ProcessGroup>(launch_, device_, config_.backend, std::chrono::seconds(config_.ddp_timeout));
     group_->check_same("config", to_yaml(config_), "start every rank with the same config file and --key=value overrides");
@@ -202,6 +214,31 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   }
 }
 
+std::string Trainer::restart_checkpoint_mismatch(const std::string& path) const {
+  if (!std::filesystem::exists(path)) return fmt::format("as out_dir holds no checkpoint ('{}')", path);
+  CheckpointMeta meta;
+  try {
+    meta = read_checkpoint_meta(path);
+  } catch (const std::exception& e) {
+    return fmt::format("as '{}' does not load ({})", path, e.what());
+  }
+  // This run's checkpoint: the same architecture (the vocabulary comes from the data) and dataset.
+  auto mine = config_.model, theirs = meta.model_config;
+  mine.vocab_size = theirs.vocab_size;
+  mine.dropout = theirs.dropout;
+  if (model::to_json(mine) != model::to_json(theirs))
+    return fmt::format("as '{}' holds another architecture than this config's", path);
+  std::string dataset;
+  try {
+    dataset = parse_config(meta.config_yaml, path).dataset;
+  } catch (const std::exception&) {
+    return fmt::format("as the config inside '{}' does not parse", path);
+  }
+  if (dataset != config_.dataset)
+    return fmt::format("as '{}' was trained on dataset '{}', not '{}'", path, dataset, config_.dataset);
+  return "";
+}
+
 std::pair<torch::Tensor, torch::Tensor> Trainer::next_micro_batch() {
   // One stream of micro-batches for the whole step, as one process would draw them; rank r runs
   // micro-batches [r L, (r+1) L) of it (L = local_micro_steps_) and skips the rest.
@@ -296,8 +333,9 @@ void Trainer::save(const std::string& path, bool eval_done) {
   meta.loss_scale = scaler_->current_scale();
   meta.loss_scale_growth = scaler_->growth_tracker();
   meta.world_size = world_;
+  const auto t0 = Clock::now();
   save_checkpoint(path, model_, *optimizer_, meta);
-  log_->info("[ckpt] saved {} (iter {})", path, iter_);
+  log_->info("[ckpt] saved {} (iter {}, {:.0f} ms)", path, iter_, ms_since(t0));
 }
 
 std::string Trainer::out_of_memory_message() const {
@@ -360,6 +398,7 @@ TrainResult Trainer::run_loop() {
   const int64_t tokens_per_iter = config_.gradient_accumulation_steps * config_.batch_size * config_.model.block_size;
   const double flops_per_iter = model_->flops_per_token() * static_cast<double>(tokens_per_iter);
   const auto run_start = Clock::now();
+  auto last_save = Clock::now();  // checkpoint_minutes counts from here
   std::vector<double> step_ms;
   bool skip_eval = resumed_eval_done_;
   StepOptions step_options;
@@ -400,6 +439,7 @@ TrainResult Trainer::run_loop() {
       best_val_loss_ = std::min(best_val_loss_, val_loss);
       if (iter_ > 0 && is_main()) {
         save(config_.out_dir + "/" + kLastCheckpoint, true);
+        last_save = Clock::now();
         if (improved || config_.always_save_checkpoint) save(config_.out_dir + "/" + kBestCheckpoint, true);
       }
     }
@@ -440,6 +480,14 @@ TrainResult Trainer::run_loop() {
     }
     ++iter_;
     if (step_hook_) step_hook_(iter_);
+    // Checkpoints on their own clock, between evaluations (an evaluation's own save comes next).
+    const bool at_eval = iter_ % config_.eval_interval == 0 || iter_ >= config_.max_iters;
+    const bool by_count = config_.checkpoint_interval > 0 && iter_ % config_.checkpoint_interval == 0;
+    const bool by_clock = config_.checkpoint_minutes > 0 && ms_since(last_save) >= config_.checkpoint_minutes * 60e3;
+    if (is_main() && !at_eval && (by_count || by_clock)) {
+      save(config_.out_dir + "/" + kLastCheckpoint, false);
+      last_save = Clock::now();
+    }
 
     // Alone: a signal that came after the loss was read (the step hook), or on a CUDA step that did not read it.
     if (!group_ && stop_signal == 0) stop_signal = StopSignals::received();
