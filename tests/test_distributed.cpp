@@ -226,6 +226,61 @@ TEST_F(Distributed, TwoHostsJoinedByAVethPairTrainAsOneProcess) {
   EXPECT_NE(read_text(out + "/node0.log").find("[ddp] 2 processes (gloo)"), std::string::npos);
 }
 
+// A machine that vanishes: two hosts in network namespaces, and one host's cable is cut (its end of
+// the link goes down: no reset reaches the other) as its process is killed. The survivor stops within
+// ddp_timeout and a few seconds with one line, whichever host was lost: when it was rank 0's, the
+// store it held does not answer either (reading it hung the survivor before).
+TEST_F(Distributed, ACutCableStopsTheSurvivorWithinTheTimeoutWhicheverHostIsLost) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces";
+  if (std::system("command -v ip >/dev/null 2>&1") != 0) GTEST_SKIP() << "no 'ip' command (Debian: iproute2)";
+  for (const int victim : {1, 0}) {
+    SCOPED_TRACE("lost rank " + std::to_string(victim));
+    TempDir dir("cut_cable_" + std::to_string(victim));
+    const std::string tag = std::to_string(::getpid() % 10000) + std::to_string(victim);
+    const std::string ns[2] = {"ngcutA" + tag, "ngcutB" + tag}, link[2] = {"vcA" + tag, "vcB" + tag};
+    auto sh = [](const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); };
+    ASSERT_EQ(sh("ip netns add " + ns[0] + " && ip netns add " + ns[1] + " && ip link add " + link[0] +
+                 " type veth peer name " + link[1] + " && ip link set " + link[0] + " netns " + ns[0] + " && ip link set " +
+                 link[1] + " netns " + ns[1] + " && ip -n " + ns[0] + " addr add 10.231.8.1/24 dev " + link[0] +
+                 " && ip -n " + ns[1] + " addr add 10.231.8.2/24 dev " + link[1] + " && ip -n " + ns[0] + " link set " +
+                 link[0] + " up && ip -n " + ns[1] + " link set " + link[1] + " up && ip -n " + ns[0] +
+                 " link set lo up && ip -n " + ns[1] + " link set lo up"),
+              0);
+    struct Cleanup {
+      std::string a, b;
+      ~Cleanup() { std::system(("ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null").c_str()); }
+    } cleanup{ns[0], ns[1]};
+    const auto config = write_config(dir.path, 100000);
+    const std::string out = dir.path + "/out", port = std::to_string(free_port());
+    std::vector<Proc> procs;
+    for (int r = 0; r < 2; ++r) {
+      std::vector<std::string> argv{"ip", "netns", "exec", ns[r]};
+      for (const auto& a : train_args(config, out, {"--ddp_timeout=15", "--eval_interval=20"})) argv.push_back(a);
+      procs.push_back(start(argv,
+                            {"RANK=" + std::to_string(r), "LOCAL_RANK=0", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=1",
+                             "MASTER_ADDR=10.231.8.1", "MASTER_PORT=" + port},
+                            out + "_rank" + std::to_string(r)));
+    }
+    ASSERT_TRUE(wait_for_iter(out + "/metrics.csv", 25)) << read_text(procs[0].err) << read_text(procs[1].err);
+    sh("ip -n " + ns[victim] + " link set " + link[victim] + " down");
+    ::kill(procs[victim].pid, SIGKILL);
+    const auto t0 = Clock::now();
+    const int rc = wait_for(procs[1 - victim], std::chrono::seconds(60));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    wait_for(procs[victim]);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(rc, -1) << "the survivor hung";
+    EXPECT_LT(seconds, 15.0 + 8.0);
+    // One error line, the last (before it, LibTorch may warn that the namespace's address has no name).
+    const std::string err = read_text(procs[1 - victim].err);
+    EXPECT_EQ(count(err, "error:"), 1) << err;
+    EXPECT_EQ(err.rfind('\n', err.size() - 2), err.rfind("\nerror:")) << err;
+    EXPECT_NE(err.find(victim == 1 ? "error: [ddp] rank 0: lost rank 1 " : "error: [ddp] rank 1: lost the store at 10.231.8.1"),
+              std::string::npos)
+        << err;
+  }
+}
+
 TEST(GlooEndpoints, NamedInterfacesElseTheRouteToTheMaster) {
   ::setenv("GLOO_SOCKET_IFNAME", "eth0,eth1", 1);
   EXPECT_EQ(train::gloo_endpoints("10.0.0.1"), (std::vector<std::string>{"interface:eth0", "interface:eth1"}));

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <future>
 #include <map>
 #include <sstream>
 
@@ -132,10 +133,21 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env, torch::Device device, const std
 
 ProcessGroup::~ProcessGroup() {
   stop_heartbeat_ = true;
-  if (heartbeat_.joinable()) heartbeat_.join();
+  if (!heartbeat_.joinable()) return;
+  // A store on a machine that vanished (no reset, no reply) can hold the heartbeat in a read with no
+  // end: let it go rather than hang the exit.
+  for (int i = 0; i < 40 && !*heartbeat_done_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (*heartbeat_done_)
+    heartbeat_.join();
+  else
+    heartbeat_.detach();
 }
 
 void ProcessGroup::heartbeat_loop() {
+  struct Done {
+    std::shared_ptr<std::atomic<bool>> flag;
+    ~Done() { *flag = true; }
+  } done{heartbeat_done_};
   const std::string key = beat_key(rank_);
   while (!stop_heartbeat_) {
     try {
@@ -150,27 +162,47 @@ void ProcessGroup::heartbeat_loop() {
 }
 
 std::string ProcessGroup::lost_ranks_line() {
+  // Read on a thread of its own, with a deadline: when the store's machine is the one that vanished,
+  // a read can wait for a reply that never comes (and the heartbeat may hold the store's lock so).
+  auto answer = std::make_shared<std::promise<std::string>>();
+  auto future = answer->get_future();
+  // The thread holds its own references: it may outlive this object when the store never answers.
+  std::thread([store = store_, rank = rank_, world = world_size_, endpoint = endpoint_, answer] {
+    try {
+      answer->set_value(read_lost_ranks(store, rank, world, endpoint));
+    } catch (...) {
+      answer->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (future.wait_for(kHeartbeatPeriod * 5 + std::chrono::seconds(2)) == std::future_status::ready) return future.get();
+  return fmt::format("lost the store at {} (it does not answer: rank 0's machine, or the launcher's, is gone or "
+                     "cut off)",
+                     endpoint_);
+}
+
+std::string ProcessGroup::read_lost_ranks(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
+                                          const std::string& endpoint) {
   // A rank's heartbeat counter that does not move over several periods belongs to a process that is
   // gone (killed, crashed, its machine lost) or frozen.
   try {
     auto read = [&] {
-      std::vector<int64_t> beats(static_cast<size_t>(world_size_));
-      for (int64_t r = 0; r < world_size_; ++r) beats[static_cast<size_t>(r)] = store_->add(beat_key(r), 0);
+      std::vector<int64_t> beats(static_cast<size_t>(world));
+      for (int64_t r = 0; r < world; ++r) beats[static_cast<size_t>(r)] = store->add(beat_key(r), 0);
       return beats;
     };
     const auto before = read();
     std::this_thread::sleep_for(kHeartbeatPeriod * 5);
     const auto after = read();
     std::vector<int64_t> lost;
-    for (int64_t r = 0; r < world_size_; ++r)
-      if (r != rank_ && after[static_cast<size_t>(r)] == before[static_cast<size_t>(r)]) lost.push_back(r);
+    for (int64_t r = 0; r < world; ++r)
+      if (r != rank && after[static_cast<size_t>(r)] == before[static_cast<size_t>(r)]) lost.push_back(r);
     if (lost.empty()) return "every rank's heartbeat is alive: one is stuck or the network failed";
     return fmt::format("lost rank{} {} (its heartbeat stopped: killed, crashed, frozen or its machine is gone)",
                        lost.size() > 1 ? "s" : "", fmt::join(lost, ", "));
   } catch (const std::exception&) {
     return fmt::format("lost the store at {} (it lives in rank 0's process, or in torchrun's agent): rank 0 or the "
                        "launcher is gone",
-                       endpoint_);
+                       endpoint);
   }
 }
 

@@ -82,6 +82,9 @@ class ProcessGroup {
  private:
   [[noreturn]] void fail(const char* during, const std::string& cause);
   std::string lost_ranks_line();  // "lost rank 1" / "lost ranks 1, 3" / why it could not tell
+  // lost_ranks_line's reading of the heartbeats (may block on a store that vanished).
+  static std::string read_lost_ranks(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
+                                     const std::string& endpoint);
   void heartbeat_loop();
 
   int64_t rank_ = 0, world_size_ = 1;
@@ -90,6 +93,7 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::atomic<bool> stop_heartbeat_{false};
+  std::shared_ptr<std::atomic<bool>> heartbeat_done_ = std::make_shared<std::atomic<bool>>(false);
   std::thread heartbeat_;
   int64_t checks_ = 0;  // check_same calls so far (each uses its own keys)
 };
