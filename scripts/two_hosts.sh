@@ -8,7 +8,9 @@
 #   scripts/two_hosts.sh configs/shakespeare_char_cpu.yaml /tmp/two --max_iters=50
 #
 # NETEM="delay 5ms loss 1%" puts tc netem on both ends of the link first (step time against latency
-# and loss). Prints each node's last lines; exits non-zero when either node fails.
+# and loss; needs the kernel's sch_netem). NNODES (default 2, e.g. 1:2 for an elastic run) and
+# RESTARTS (default 0) go to torchrun's --nnodes and --max-restarts. Prints each node's last lines;
+# exits non-zero when either node fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -50,7 +52,7 @@ for node in 0 1; do
   # is_host: node 0 serves the rendezvous store at the endpoint (torchrun cannot tell it is its own).
   host_conf=()
   [[ $node == 0 ]] && host_conf=(--rdzv-conf=is_host=1)
-  ip netns exec "$ns" "$torchrun" --nnodes=2 --nproc_per_node=1 --node_rank=$node --rdzv-backend=c10d \
+  ip netns exec "$ns" "$torchrun" --nnodes="${NNODES:-2}" --max-restarts="${RESTARTS:-0}" --nproc_per_node=1 --node_rank=$node --rdzv-backend=c10d \
     --rdzv-endpoint=10.231.7.1:$port --rdzv-id=two_hosts_$tag --local-addr=10.231.7.$((node + 1)) "${host_conf[@]}" \
     --no-python "$binary" train "$config" --out_dir="$out" --device=cpu "$@" >"$out/node$node.log" 2>&1 &
   pids+=($!)

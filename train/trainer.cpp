@@ -380,8 +380,8 @@ TrainResult Trainer::run_loop() {
   if (is_main()) metrics.emplace(metrics_path, resumed ? iter_ : -1, resumed_eval_done_);
   log_start();
   if (group_)
-    log_->info("[ddp] {} processes ({}), {} of the {} micro-batches per step each; gradients in {} all-reduce bucket{}",
-               world_, group_->backend_name(), local_micro_steps_, config_.gradient_accumulation_steps,
+    log_->info("[ddp] {} process{} ({}), {} of the {} micro-batches per step each; gradients in {} all-reduce bucket{}",
+               world_, world_ > 1 ? "es" : "", group_->backend_name(), local_micro_steps_, config_.gradient_accumulation_steps,
                grad_reduce_->num_buckets(), grad_reduce_->num_buckets() > 1 ? "s" : "");
   // MFU: on a GPU against its datasheet's dense bf16 peak (nanoGPT's convention, whatever the run's
   // dtype); on a CPU, or a GPU not in the table, against a GEMM timed here in the run's dtype.
