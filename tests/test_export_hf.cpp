@@ -33,10 +33,17 @@ using Json = nlohmann::json;
 
 namespace {
 
-// Why the configured Python cannot run tests/hf_reference.py, or "" when it can.
+// The Python that runs tests/hf_reference.py: $NANOGPT_PYTHON (e.g. one with another transformers),
+// else the one configured.
+std::string python() {
+  const char* env = std::getenv("NANOGPT_PYTHON");
+  return env && *env ? env : NANOGPT_PYTHON;
+}
+
+// Why that Python cannot run tests/hf_reference.py, or "" when it can.
 std::string transformers_missing() {
   static const std::string why = [] {
-    const std::string python = NANOGPT_PYTHON;
+    const std::string python = ::python();
     if (python.empty()) return std::string("no Python found at configure time (set -DNANOGPT_PYTHON=/path/to/python)");
     try {
       const auto r = runtime::run_process(
@@ -108,6 +115,7 @@ std::vector<Case> cases() {
            tiny("rope", "rmsnorm", "swiglu")};
     c.model.n_kv_head = 2;
     c.model.tie_embeddings = false;
+    c.model.rope_base = 500.0;  // not transformers' default: a base it did not read would change the logits
     all.push_back(c);
   }
   {
@@ -115,6 +123,7 @@ std::vector<Case> cases() {
            {"Citizen:", "Where is \xe6\x9c\x88 he?", "KING"},  // no K in its 900 lines
            tiny("rope", "layernorm", "gelu")};
     c.model.bias = true;
+    c.model.rope_base = 1000.0;
     all.push_back(c);
   }
   {
@@ -127,7 +136,7 @@ std::vector<Case> cases() {
   return all;
 }
 
-// Trains `c` for a few hundred steps on its text (enough for confident, un-tied greedy choices) into dir/out.
+// Trains `c` for 100 steps on its text (enough for confident, un-tied greedy choices) into dir/out.
 void train_case(const Case& c, const std::string& dir) {
   fs::create_directories(dir + "/data");
   spit(dir + "/data/input.txt", c.train_text);
@@ -135,14 +144,14 @@ void train_case(const Case& c, const std::string& dir) {
   t.out_dir = dir + "/out";
   t.dataset = dir + "/data";
   t.model = c.model;
-  t.batch_size = 4;
-  t.max_iters = 150;
-  t.eval_interval = 150;
+  t.batch_size = 2;
+  t.max_iters = 100;
+  t.eval_interval = 100;
   t.eval_iters = 1;
-  t.log_interval = 150;
+  t.log_interval = 100;
   t.learning_rate = 1e-2;
   t.warmup_iters = 10;
-  t.lr_decay_iters = 150;
+  t.lr_decay_iters = 100;
   t.min_lr = 1e-3;
   t.device = "cpu";
   t.dtype = "float32";
@@ -193,7 +202,7 @@ TEST(ExportHf, TransformersLoadsTheModelsAndComputesWhatWeDo) {
 
   spit(dir / "request.json", request.dump());
   const std::string script = std::string(NANOGPT_SOURCE_DIR) + "/tests/hf_reference.py";
-  const int rc = run_shell(quoted(NANOGPT_PYTHON) + " " + quoted(script) + " " + quoted(dir / "request.json") + " " +
+  const int rc = run_shell(quoted(python()) + " " + quoted(script) + " " + quoted(dir / "request.json") + " " +
                                quoted(dir / "result.json"),
                            dir / "python.txt", dir / "python.err");
   ASSERT_EQ(rc, 0) << slurp(dir / "python.err");
