@@ -239,32 +239,43 @@ void write_json(const std::string& path, const Json& json) { io::write_bytes_ato
 }  // namespace
 
 std::string hf_architecture(const model::ModelConfig& c) {
+  // Every setting in the way, so that one try names them all.
+  std::vector<std::string> reasons;
   if (c.logit_softcap > 0)
-    refuse(fmt::format("logit_softcap ({}) is in none of GPT-2, Llama and GPT-NeoX (Gemma 2 caps logits, but its "
-                       "norms and embeddings differ from ours)", c.logit_softcap));
+    reasons.push_back(fmt::format("logit_softcap ({}) is in none of GPT-2, Llama and GPT-NeoX (Gemma 2 caps logits, "
+                                  "but its norms and embeddings differ from ours)", c.logit_softcap));
   if (c.qk_norm)
-    refuse("qk_norm is in none of GPT-2, Llama and GPT-NeoX (Qwen3 normalises heads, but with a learned weight and "
-           "the layers' eps, not ours)");
+    reasons.push_back("qk_norm is in none of GPT-2, Llama and GPT-NeoX (Qwen3 normalises heads, but with a learned "
+                      "weight and the layers' eps, not ours)");
   const bool gelu_like = c.mlp == "gelu" || c.mlp == "relu2";
   const std::string mix = fmt::format("pos_encoding={}, norm={}, mlp={}", c.pos_encoding, c.norm, c.mlp);
+  auto own_kv = [&](const char* architecture) {
+    if (!every_head_own_kv(c))
+      reasons.push_back(fmt::format("n_kv_head={} of n_head={}: {} gives every head its own keys and values",
+                                    c.kv_heads(), c.n_head, architecture));
+  };
+  std::string architecture;
   if (c.pos_encoding == "learned" || c.pos_encoding == "sinusoidal") {
     if (c.norm != "layernorm" || !gelu_like)
-      refuse(mix + ": GPT-2, the one stock model with a position table, has LayerNorm and an ungated MLP "
-                   "(norm=layernorm, mlp=gelu or relu2)");
-    if (!every_head_own_kv(c))
-      refuse(fmt::format("{} with n_kv_head={} of n_head={}: GPT-2 gives every head its own keys and values", mix,
-                         c.kv_heads(), c.n_head));
-    return "GPT2LMHeadModel";
+      reasons.push_back(mix + ": GPT-2, the one stock model with a position table, has LayerNorm and an ungated "
+                              "MLP (norm=layernorm, mlp=gelu or relu2)");
+    own_kv("GPT-2");
+    architecture = "GPT2LMHeadModel";
+  } else if (c.norm == "rmsnorm" && c.mlp == "swiglu") {
+    architecture = "LlamaForCausalLM";
+  } else if (c.norm == "layernorm" && gelu_like) {
+    own_kv("GPT-NeoX");
+    architecture = "GPTNeoXForCausalLM";
+  } else {
+    reasons.push_back(mix + ": RoPE models map to Llama (norm=rmsnorm, mlp=swiglu) or GPT-NeoX (norm=layernorm, "
+                            "mlp=gelu or relu2)");
   }
-  if (c.norm == "rmsnorm" && c.mlp == "swiglu") return "LlamaForCausalLM";
-  if (c.norm == "layernorm" && gelu_like) {
-    if (!every_head_own_kv(c))
-      refuse(fmt::format("{} with n_kv_head={} of n_head={}: GPT-NeoX gives every head its own keys and values", mix,
-                         c.kv_heads(), c.n_head));
-    return "GPTNeoXForCausalLM";
+  if (!reasons.empty()) {
+    std::string all;
+    for (const auto& reason : reasons) all += (all.empty() ? "" : "; ") + reason;
+    refuse(all);
   }
-  refuse(mix + ": RoPE models map to Llama (norm=rmsnorm, mlp=swiglu) or GPT-NeoX (norm=layernorm, mlp=gelu or "
-               "relu2)");
+  return architecture;
 }
 
 HfExport export_hf(const model::GPT& model, const data::Vocab& vocab, double dropout, const std::string& out) {

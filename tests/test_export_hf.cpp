@@ -307,6 +307,7 @@ TEST(ExportHf, RefusesWhatNoStockArchitectureHoldsWithOneLineAndWritesNothing) {
   struct Refused {
     model::ModelConfig config;
     std::string needle;
+    std::vector<std::string> also = {};  // more the message names
   };
   std::vector<Refused> refused;
   auto add = [&](const std::string& pos, const std::string& norm, const std::string& mlp, const std::string& needle) {
@@ -322,6 +323,11 @@ TEST(ExportHf, RefusesWhatNoStockArchitectureHoldsWithOneLineAndWritesNothing) {
   add("rope", "layernorm", "gelu", "n_kv_head=1")->n_kv_head = 1;
   add("rope", "rmsnorm", "swiglu", "qk_norm")->qk_norm = true;
   add("rope", "rmsnorm", "swiglu", "logit_softcap (30)")->logit_softcap = 30.0;
+  // The modern presets: every setting in the way named at once.
+  auto* modern = add("rope", "rmsnorm", "relu2", "logit_softcap (15)");
+  modern->logit_softcap = 15.0;
+  modern->qk_norm = true;
+  refused.back().also = {"qk_norm", "norm=rmsnorm, mlp=relu2"};
   const auto vocab = data::Vocab::from_text("abcdefg");
   for (const auto& r : refused) {
     SCOPED_TRACE(r.needle);
@@ -329,6 +335,7 @@ TEST(ExportHf, RefusesWhatNoStockArchitectureHoldsWithOneLineAndWritesNothing) {
     const std::string error = error_of([&] { interop::export_hf(gpt, vocab, 0.0, dir / "hf"); });
     EXPECT_EQ(error.rfind("[export] --format=hf: ", 0), 0u) << error;
     EXPECT_NE(error.find(r.needle), std::string::npos) << error;
+    for (const auto& needle : r.also) EXPECT_NE(error.find(needle), std::string::npos) << error;
     EXPECT_NE(error.find("--format=safetensors"), std::string::npos) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
     EXPECT_FALSE(fs::exists(dir / "hf"));
