@@ -245,8 +245,8 @@ std::string hf_architecture(const model::ModelConfig& c) {
     reasons.push_back(fmt::format("logit_softcap ({}) is in none of GPT-2, Llama and GPT-NeoX (Gemma 2 caps logits, "
                                   "but its norms and embeddings differ from ours)", c.logit_softcap));
   if (c.qk_norm)
-    reasons.push_back("qk_norm is in none of GPT-2, Llama and GPT-NeoX (Qwen3 normalises heads, but with a learned "
-                      "weight and the layers' eps, not ours)");
+    reasons.push_back("qk_norm is in none of GPT-2, Llama and GPT-NeoX (Qwen3 normalises heads, but with the layers' "
+                      "eps, 1e-5, not ours, 1e-6)");
   const bool gelu_like = c.mlp == "gelu" || c.mlp == "relu2";
   const std::string mix = fmt::format("pos_encoding={}, norm={}, mlp={}", c.pos_encoding, c.norm, c.mlp);
   auto own_kv = [&](const char* architecture) {
