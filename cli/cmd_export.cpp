@@ -22,12 +22,14 @@ void add_export_command(CLI::App& app) {
     std::string format = "safetensors";
   };
   auto opts = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand(
-      "export", "Write a checkpoint as .safetensors (weights, config, vocabulary), for nanoGPT, or for Hugging Face transformers");
+  auto* cmd = app.add_subcommand("export",
+                                 "Write a checkpoint as .safetensors (weights, config, vocabulary), for nanoGPT, or "
+                                 "for Hugging Face transformers");
   auto* out_dir = cmd->add_option("--out_dir", opts->out_dir, "Training folder (reads ckpt_best.safetensors, else ckpt_last.safetensors)")
                       ->capture_default_str();
   cmd->add_option("--ckpt", opts->ckpt, "A checkpoint file (instead of --out_dir)")->excludes(out_dir);
-  auto* out = cmd->add_option("--out", opts->out, "Output .safetensors file; with --format=nanogpt or hf a new folder")->capture_default_str();
+  auto* out = cmd->add_option("--out", opts->out, "Output .safetensors file; with --format=nanogpt or hf a new folder")
+                  ->capture_default_str();
   cmd->add_option("--format", opts->format,
                   "safetensors | nanogpt (ckpt.pt + meta.pkl for nanoGPT's sample.py and train.py) | hf (a folder "
                   "transformers' AutoModelForCausalLM and AutoTokenizer load)")
@@ -52,7 +54,8 @@ void add_export_command(CLI::App& app) {
       std::printf("[export] wrote %s/ | %s | %lld tensors | %lld parameters | from %s\n", opts->out.c_str(),
                   written.architecture.c_str(), static_cast<long long>(written.tensors),
                   static_cast<long long>(written.parameters), loaded.path.c_str());
-      std::printf("[export] in Python: AutoModelForCausalLM.from_pretrained(\"%s\") and AutoTokenizer.from_pretrained(\"%s\")\n",
+      std::printf("[export] in Python: AutoModelForCausalLM.from_pretrained(\"%s\") and "
+                  "AutoTokenizer.from_pretrained(\"%s\")\n",
                   opts->out.c_str(), opts->out.c_str());
       return;
     }

@@ -67,8 +67,9 @@ Tensors gpt2_tensors(const model::ModelConfig& c, const Params& p) {
     t.emplace_back(theirs + "ln_1.bias", p.or_zeros(ours + "ln_1.bias", C));
     t.emplace_back(theirs + "attn.c_attn.weight",
                    torch::cat({p(a("q_proj.weight")), p(a("k_proj.weight")), p(a("v_proj.weight"))}).t());  // (C, 3C)
-    t.emplace_back(theirs + "attn.c_attn.bias", torch::cat({p.or_zeros(a("q_proj.bias"), C), p.or_zeros(a("k_proj.bias"), C),
-                                                            p.or_zeros(a("v_proj.bias"), C)}));  // (3C)
+    t.emplace_back(theirs + "attn.c_attn.bias",
+                   torch::cat({p.or_zeros(a("q_proj.bias"), C), p.or_zeros(a("k_proj.bias"), C),
+                               p.or_zeros(a("v_proj.bias"), C)}));  // (3C)
     t.emplace_back(theirs + "attn.c_proj.weight", p(a("c_proj.weight")).t());  // (C, C)
     t.emplace_back(theirs + "attn.c_proj.bias", p.or_zeros(a("c_proj.bias"), C));
     t.emplace_back(theirs + "ln_2.weight", p(ours + "ln_2.weight"));
@@ -118,7 +119,8 @@ Tensors llama_tensors(const model::ModelConfig& c, const Params& p) {
     for (const auto& [from, to] : std::vector<std::pair<const char*, const char*>>{
              {"q_proj", "q_proj"}, {"k_proj", "k_proj"}, {"v_proj", "v_proj"}, {"c_proj", "o_proj"}})
       for (const auto& kind : kinds)
-        if (p.has(ours + "attn." + from + kind)) t.emplace_back(theirs + "self_attn." + to + kind, p(ours + "attn." + from + kind));
+        if (p.has(ours + "attn." + from + kind))
+          t.emplace_back(theirs + "self_attn." + to + kind, p(ours + "attn." + from + kind));
     t.emplace_back(theirs + "post_attention_layernorm.weight", p(ours + "ln_2.weight"));
     for (const auto& kind : kinds) {
       if (!p.has(ours + "mlp.c_fc" + kind)) continue;
@@ -234,7 +236,9 @@ Json generation_config(const model::ModelConfig& c) {
               {"pad_token_id", nullptr}};
 }
 
-void write_json(const std::string& path, const Json& json) { io::write_bytes_atomically(path, json.dump(2) + "\n", "export"); }
+void write_json(const std::string& path, const Json& json) {
+  io::write_bytes_atomically(path, json.dump(2) + "\n", "export");
+}
 
 }  // namespace
 

@@ -47,7 +47,9 @@ std::string transformers_missing() {
     if (python.empty()) return std::string("no Python found at configure time (set -DNANOGPT_PYTHON=/path/to/python)");
     try {
       const auto r = runtime::run_process(
-          {python, "-c", "import importlib.util as u, sys; sys.exit(0 if u.find_spec('transformers') and u.find_spec('torch') else 1)"});
+          {python, "-c",
+           "import importlib.util as u, sys; "
+           "sys.exit(0 if u.find_spec('transformers') and u.find_spec('torch') else 1)"});
       return r.exit_code == 0 ? std::string()
                               : "'" + python + "' cannot import transformers and torch (run scripts/setup.sh)";
     } catch (const std::exception& e) {
@@ -111,7 +113,8 @@ std::vector<Case> cases() {
   }
   {
     Case c{"Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head)", "LlamaForCausalLM", tang,
-           tang_held_out, {"\xe6\x98\xa5\xe9\xa3\x8e", "\xe6\x9c\x88", "\xe5\xb1\xb1 moon \xe6\xb0\xb4"},  // 春风, 月, 山 moon 水
+           tang_held_out,
+           {"\xe6\x98\xa5\xe9\xa3\x8e", "\xe6\x9c\x88", "\xe5\xb1\xb1 moon \xe6\xb0\xb4"},  // 春风, 月, 山 moon 水
            tiny("rope", "rmsnorm", "swiglu")};
     c.model.n_kv_head = 2;
     c.model.tie_embeddings = false;
@@ -185,11 +188,12 @@ TEST(ExportHf, TransformersLoadsTheModelsAndComputesWhatWeDo) {
     const std::string case_dir = dir / ("case" + std::to_string(i));
     train_case(c, case_dir);
     const std::string hf_dir = case_dir + "/hf";
-    const int rc = run_shell(quoted(nanogpt) + " export --out_dir=" + quoted(case_dir + "/out") + " --format=hf --out=" +
-                                 quoted(hf_dir),
+    const int rc = run_shell(quoted(nanogpt) + " export --out_dir=" + quoted(case_dir + "/out") +
+                                 " --format=hf --out=" + quoted(hf_dir),
                              case_dir + "/export.txt", case_dir + "/export.err");
     ASSERT_EQ(rc, 0) << c.name << ": " << slurp(case_dir + "/export.err");
-    EXPECT_NE(slurp(case_dir + "/export.txt").find(c.architecture), std::string::npos) << slurp(case_dir + "/export.txt");
+    const std::string printed = slurp(case_dir + "/export.txt");
+    EXPECT_NE(printed.find(c.architecture), std::string::npos) << printed;
     loaded.push_back(train::load_model(train::resolve_checkpoint(case_dir + "/out")));
 
     // A held-out batch: two rows of 64 characters the model did not train on.
@@ -197,7 +201,8 @@ TEST(ExportHf, TransformersLoadsTheModelsAndComputesWhatWeDo) {
     ASSERT_GE(ids.size(), 128u) << c.name;
     batches.push_back({{ids.begin(), ids.begin() + 64}, {ids.begin() + 64, ids.begin() + 128}});
     request["models"].push_back(
-        {{"dir", hf_dir}, {"batch", batches.back()}, {"prompts", c.prompts}, {"max_new_tokens", 200}, {"pipeline_tokens", 20}});
+        {{"dir", hf_dir}, {"batch", batches.back()}, {"prompts", c.prompts}, {"max_new_tokens", 200},
+         {"pipeline_tokens", 20}});
   }
 
   spit(dir / "request.json", request.dump());
@@ -226,7 +231,8 @@ TEST(ExportHf, TransformersLoadsTheModelsAndComputesWhatWeDo) {
       const auto batch = torch::stack({torch::tensor(batches[i][0]), torch::tensor(batches[i][1])});  // (2, 64)
       ours = loaded[i].model->logits(batch);  // (2, 64, V)
     }
-    const auto logits = torch::tensor(theirs["logits"].get<std::vector<float>>()).view(theirs["shape"].get<std::vector<int64_t>>());
+    const auto logits = torch::tensor(theirs["logits"].get<std::vector<float>>())
+                            .view(theirs["shape"].get<std::vector<int64_t>>());  // (2, 64, V)
     ASSERT_EQ(logits.sizes(), ours.sizes());
     const double max_diff = (ours - logits).abs().max().item<double>();
     EXPECT_LE(max_diff, 1e-4);
@@ -273,7 +279,8 @@ TEST(ExportHf, WritesTheFilesTransformersReads) {
   const auto vocab = data::Vocab::from_text("ab \n\xe6\x9c\x88");  // a, b, space, newline, 月
   const auto written = interop::export_hf(gpt, vocab, 0.1, dir / "hf");
   EXPECT_EQ(written.architecture, "LlamaForCausalLM");
-  for (const char* name : {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
+  for (const char* name :
+       {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
     EXPECT_TRUE(fs::exists(dir / ("hf/" + std::string(name)))) << name;
 
   const Json config = Json::parse(slurp(dir / "hf/config.json"));
@@ -347,7 +354,8 @@ TEST(ExportHf, RefusesWhatNoStockArchitectureHoldsWithOneLineAndWritesNothing) {
   model::GPT gpt(tiny("learned", "layernorm", "gelu"));
   std::u32string chars;
   for (char32_t ch = U'A'; chars.size() < 65; ++ch) chars += ch;
-  const std::string error = error_of([&] { interop::export_hf(gpt, data::Vocab::from_chars(chars), 0.0, dir / "full"); });
+  const std::string error =
+      error_of([&] { interop::export_hf(gpt, data::Vocab::from_chars(chars), 0.0, dir / "full"); });
   EXPECT_EQ(error.rfind("[export] ", 0), 0u) << error;
   EXPECT_EQ(slurp(dir / "full/keep.txt"), "mine");
 }
