@@ -4,7 +4,8 @@
 # environment in a cache folder outside the clone. The wheel carries a complete LibTorch (headers,
 # CMake config, CPU and CUDA libraries, its own OpenMP runtime); CMake finds it through
 # torch.utils.cmake_prefix_path (scripts/build.sh). The environment also has numpy and safetensors
-# for the Python checks in the test suite, and serves to run nanoGPT side by side.
+# for the Python checks in the test suite, transformers for the Hugging Face export's test, and
+# serves to run nanoGPT side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -56,5 +57,16 @@ else
     exit 1
   fi
   touch "$NANOGPT_VENV/.nanogpt-complete"
+fi
+# transformers (pinned): tests/test_export_hf.cpp loads what `nanogpt export --format=hf` writes with it.
+transformers_version=5.25.0
+if "$NANOGPT_PYTHON" -c "import sys, transformers; sys.exit(transformers.__version__ != '$transformers_version')" 2>/dev/null; then
+  echo "[setup] transformers $transformers_version present"
+else
+  echo "[setup] installing transformers==$transformers_version into $NANOGPT_VENV"
+  if ! "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check "transformers==$transformers_version"; then
+    echo "[setup] error: could not install transformers==$transformers_version from the package index (offline? see pip's message above)" >&2
+    exit 1
+  fi
 fi
 "$NANOGPT_PYTHON" -c "import torch; print('[setup] LibTorch', torch.__version__, '(CUDA', str(torch.version.cuda) + ')', 'at', torch.utils.cmake_prefix_path)"
