@@ -56,7 +56,7 @@ TEST(CliDataset, APreparedFolderTrainsByPathAndByName) {
   fs::create_directories(dir.path + "/corpus/part");
   std::ofstream(dir.path + "/corpus/1.txt", std::ios::binary) << text.substr(0, 7000);
   std::ofstream(dir.path + "/corpus/part/2.txt", std::ios::binary) << text.substr(7000);
-  auto p = run("prepare --input corpus --out_dir data/mine --separator=''", dir.path);
+  auto p = run("prepare --input corpus --out_dir data/mine --separator ''", dir.path);
   ASSERT_EQ(p.rc, 0) << p.err;
   EXPECT_FALSE(fs::exists(dir.path + "/data/mine/input.txt"));
 

@@ -131,7 +131,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   prep.min_split_tokens = config_.model.block_size + 1;
   const bool has_input = std::filesystem::exists(prep.input);
   if (!has_input && !std::filesystem::exists(config_.dataset + "/meta.bin"))
-    throw std::runtime_error("[train] dataset '" + config_.dataset + "' has neither input.txt nor meta.bin (make one with "
+    throw std::runtime_error("[train] dataset '" + config_.dataset + "' has no input.txt and no meta.bin (make one with "
                              "`nanogpt prepare --input FILE_OR_FOLDER --out_dir " + config_.dataset + "`)");
   bool prepared = false;
   // Rank 0 prepares the tokens while the others wait; they then find them (a shared folder) or
