@@ -64,9 +64,9 @@ Utf8Step decode_utf8_step(std::string_view bytes, size_t i, std::string* error) 
     }
     const unsigned char b = p[i + k];
     if (!is_continuation(b)) {
-      return bad(k, false, fmt::format("truncated sequence (lead byte {} needs {} bytes, byte {} at offset {} is not a "
+      return bad(k, false, fmt::format("truncated sequence (lead byte {} needs {} bytes, its byte {}, {}, is not a "
                                        "continuation byte)",
-                                       hex_byte(lead), len, hex_byte(b), i + k));
+                                       hex_byte(lead), len, k + 1, hex_byte(b)));
     }
     if (k == 1 && (b < lo || b > hi)) {
       const char* why = lead == 0xED ? "UTF-16 surrogate code point"
