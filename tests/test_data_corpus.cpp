@@ -3,7 +3,10 @@
 // (the same batches as tokens in memory), meta.bin versions, and dataset names.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <stdexcept>
@@ -274,4 +277,33 @@ TEST(DatasetDir, ANameWithoutASlashIsAFolderUnderData) {
   EXPECT_EQ(dataset_dir("./mine"), "./mine");
   EXPECT_EQ(dataset_dir("/abs/corpus"), "/abs/corpus");
   EXPECT_EQ(dataset_dir("."), ".");
+}
+
+// Above kAlwaysVerifyBytes, opening checks the header and length only (start-up does not grow with
+// the corpus); `full` (train's --verify_data) reads every token and finds the damaged one.
+TEST(TokenFile, LargeFilesAreReadWholeOnlyWhenAsked) {
+  ScratchDir dir;
+  const std::string path = dir / "big.bin";
+  const uint64_t count = kAlwaysVerifyBytes / 2 + 1000;  // uint16 tokens: just over the limit
+  std::vector<int32_t> ids(1 << 20);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % 50);
+  {
+    TokenFileWriter writer(path, count, 100);
+    while (writer.written() + ids.size() <= count) writer.append(ids.data(), ids.size());
+    writer.append(ids.data(), count - writer.written());
+    writer.finish();
+  }
+  const std::string last("\x63\x00", 2);  // the last token becomes 99: inside the file's vocabulary of 100...
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(kTokenFileHeaderBytes + 2 * (count - 1)));
+    f.write(last.data(), 2);
+  }
+  // ...but not of the 50 the dataset has.
+  const auto tokens = map_token_file(path, {50, static_cast<int64_t>(count)});
+  EXPECT_EQ(tokens.numel(), static_cast<int64_t>(count));
+  const std::string msg = error_of([&] { map_token_file(path, {50, static_cast<int64_t>(count), 0, true}); });
+  EXPECT_NE(msg.find(fmt::format("token 99 at index {} is outside the vocabulary (vocab_size 50)", count - 1)),
+            std::string::npos)
+      << msg;
 }
