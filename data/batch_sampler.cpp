@@ -3,6 +3,8 @@
 // libraries), so a seed gives the same batches with libstdc++ and libc++.
 #include "data/batch_sampler.h"
 
+#include "data/token_file.h"
+
 #include <fmt/format.h>
 
 #include <sstream>
@@ -22,8 +24,9 @@ uint64_t uniform_below(std::mt19937_64& rng, uint64_t n) {
 
 }  // namespace
 
-BatchSampler::BatchSampler(torch::Tensor tokens, int64_t batch_size, int64_t block_size, uint64_t seed)
-    : batch_size_(batch_size), block_size_(block_size), rng_(seed) {
+BatchSampler::BatchSampler(torch::Tensor tokens, int64_t batch_size, int64_t block_size, uint64_t seed,
+                           int64_t vocab_size)
+    : batch_size_(batch_size), block_size_(block_size), rng_(seed), vocab_size_(vocab_size) {
   if (!tokens.defined() || tokens.dim() != 1) {
     throw std::runtime_error("[data] BatchSampler needs a 1-D token tensor (see read_token_file)");
   }
@@ -31,7 +34,9 @@ BatchSampler::BatchSampler(torch::Tensor tokens, int64_t batch_size, int64_t blo
     throw std::runtime_error(
         fmt::format("[data] batch_size ({}) and block_size ({}) must be at least 1", batch_size, block_size));
   }
-  tokens_ = tokens.to(torch::kCPU, torch::kInt32).contiguous();
+  const bool in_place = tokens.device().is_cpu() && tokens.is_contiguous() &&
+                        (tokens.scalar_type() == torch::kUInt16 || tokens.scalar_type() == torch::kInt32);
+  tokens_ = in_place ? tokens : tokens.to(torch::kCPU, torch::kInt32).contiguous();
   if (tokens_.size(0) < block_size + 1) {
     throw std::runtime_error(fmt::format(
         "[data] split has {} tokens, fewer than block_size + 1 = {} (use a smaller block_size or a longer corpus)",
@@ -71,16 +76,35 @@ std::pair<torch::Tensor, torch::Tensor> BatchSampler::gather(const std::vector<i
   const int64_t B = static_cast<int64_t>(starts.size()), T = block_size_;
   auto x = torch::empty({B, T}, torch::kInt64);  // (B, T)
   auto y = torch::empty({B, T}, torch::kInt64);  // (B, T)
-  const int32_t* src = tokens_.data_ptr<int32_t>();
   int64_t* xp = x.data_ptr<int64_t>();
   int64_t* yp = y.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t* window = src + starts[static_cast<size_t>(b)];
-    for (int64_t t = 0; t < T; ++t) {
-      xp[b * T + t] = window[t];
-      yp[b * T + t] = window[t + 1];
+  const auto copy = [&](const auto* src) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t start = starts[static_cast<size_t>(b)];
+      const auto* window = src + start;
+      for (int64_t t = 0; t < T; ++t) {
+        xp[b * T + t] = window[t];
+        yp[b * T + t] = window[t + 1];
+      }
+      if (vocab_size_ > 0) {
+        for (int64_t t = 0; t <= T; ++t) {
+          const int64_t id = window[t];
+          if (id < 0 || id >= vocab_size_) {
+            throw std::runtime_error(fmt::format(
+                "[data] token {} at index {} is outside the vocabulary (vocab_size {}): the token file is damaged "
+                "(check it with --verify_data, or re-run `nanogpt prepare`)",
+                id, start + t, vocab_size_));
+          }
+        }
+      }
     }
+  };
+  if (tokens_.scalar_type() == torch::kUInt16) {
+    copy(static_cast<const uint16_t*>(tokens_.data_ptr()));
+  } else {
+    copy(tokens_.data_ptr<int32_t>());
   }
+  release_resident(tokens_);  // a mapped file's pages go back to the page cache (nanoGPT re-maps per batch)
   if (device.is_cpu()) return {x, y};
   return {x.to(device), y.to(device)};
 }

@@ -14,9 +14,11 @@ namespace nanogpt::data {
 
 class BatchSampler {
  public:
-  /// `tokens`: 1-D int32 CPU tensor (see read_token_file). Needs at least block_size + 1 tokens;
-  /// throws "[data] split has N tokens, fewer than block_size + 1 = M (...)" otherwise.
-  BatchSampler(torch::Tensor tokens, int64_t batch_size, int64_t block_size, uint64_t seed);
+  /// `tokens`: 1-D CPU tensor of ids; uint16 and int32 ones (map_token_file, read_token_file) are
+  /// used in place, others are copied to int32. Needs at least block_size + 1 tokens; throws
+  /// "[data] split has N tokens, fewer than block_size + 1 = M (...)" otherwise. With vocab_size > 0,
+  /// every id drawn is checked against it (a damaged file that was not read whole at start-up).
+  BatchSampler(torch::Tensor tokens, int64_t batch_size, int64_t block_size, uint64_t seed, int64_t vocab_size = 0);
 
   /// Draws batch_size random windows of block_size + 1 tokens.
   /// x: (B, T) int64, y: (B, T) int64 = x shifted left by one. Placed on `device`.
@@ -42,10 +44,11 @@ class BatchSampler {
   int64_t draw_start();  // one window start from the generator
   std::pair<torch::Tensor, torch::Tensor> gather(const std::vector<int64_t>& starts, torch::Device device) const;
 
-  torch::Tensor tokens_;  // (N,) int32, contiguous, CPU
+  torch::Tensor tokens_;  // (N,) uint16 or int32, contiguous, CPU; often a mapped token file
   int64_t batch_size_;
   int64_t block_size_;
   std::mt19937_64 rng_;
+  int64_t vocab_size_;  // 0: ids not checked
 };
 
 }  // namespace nanogpt::data

@@ -1,20 +1,26 @@
-// Dataset preparation: input.txt -> train.bin, val.bin, meta.bin, like nanoGPT's
+// Dataset preparation: text -> train.bin, val.bin, meta.bin, like nanoGPT's
 // data/shakespeare_char/prepare.py: the first int(n * (1 - val_fraction)) characters train, the rest val.
+// Two passes over the input, each in 1 MiB pieces: the first finds the characters (the vocabulary)
+// and counts them, the second writes the tokens; memory stays a few MB whatever the corpus size.
 //
 // meta.bin layout (little-endian):
-//   magic         8 bytes  "NGPTMETA"
-//   version       uint32   1
-//   train_tokens  uint64
-//   val_tokens    uint64
-//   input_bytes   uint64
-//   input_hash    uint64   FNV-1a 64 of the input bytes
-//   val_fraction  uint64   IEEE-754 double bits
-//   vocab_bytes   uint64   length of the vocabulary blob that follows
-//   vocab         Vocab::serialize()
+//   magic           8 bytes  "NGPTMETA"
+//   version         uint32   2 (version 1 ends after val_fraction, then vocab_bytes and the vocab)
+//   train_tokens    uint64
+//   val_tokens      uint64
+//   input_bytes     uint64
+//   input_hash      uint64   checksum of the input bytes (data/checksum.h; version 1: FNV-1a 64)
+//   val_fraction    uint64   IEEE-754 double bits
+//   input_mtime_ns  uint64   modification time of a single input file, 0 for several
+//   train_checksum  uint64   checksum of train.bin's token bytes
+//   val_checksum    uint64   checksum of val.bin's token bytes
+//   vocab_bytes     uint64   length of the vocabulary blob that follows
+//   vocab           Vocab::serialize()
 #include "data/prepare.h"
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,9 +29,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "io/atomic_file.h"
 #include "data/token_file.h"
 #include "data/utf8.h"
+#include "io/atomic_file.h"
 
 namespace nanogpt::data {
 namespace {
@@ -33,8 +39,10 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kMetaMagic[8] = {'N', 'G', 'P', 'T', 'M', 'E', 'T', 'A'};
-constexpr uint32_t kMetaVersion = 1;
-constexpr size_t kMetaFixedBytes = 8 + 4 + 6 * 8;
+constexpr uint32_t kMetaVersion = 2;
+constexpr size_t kMetaV1FixedBytes = 8 + 4 + 6 * 8;
+constexpr size_t kMetaFixedBytes = 8 + 4 + 9 * 8;
+constexpr char32_t kMaxCodePoint = 0x10FFFF;
 
 std::string join(const std::string& dir, const char* name) { return (fs::path(dir) / name).string(); }
 
@@ -69,6 +77,9 @@ std::string serialize_meta(const DatasetMeta& meta) {
   put_le(out, meta.input_bytes, 8);
   put_le(out, meta.input_hash, 8);
   put_le(out, double_bits(meta.val_fraction), 8);
+  put_le(out, static_cast<uint64_t>(meta.input_mtime_ns), 8);
+  put_le(out, meta.train_checksum, 8);
+  put_le(out, meta.val_checksum, 8);
   put_le(out, vocab.size(), 8);
   out += vocab;
   return out;
@@ -99,20 +110,6 @@ void check_split_sizes(const DatasetMeta& meta, const PrepareOptions& options) {
   check("val", meta.val_tokens);
 }
 
-// Reads the input with errors that say what to pass instead.
-std::string read_input(const std::string& path) {
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  if (!fs::exists(status)) throw std::runtime_error("[data] input file '" + path + "' does not exist (check --input)");
-  if (fs::is_directory(status)) {
-    throw std::runtime_error("[data] input '" + path + "' is a directory, not a text file (pass a UTF-8 text file, "
-                             "e.g. data/shakespeare_char/input.txt)");
-  }
-  std::string bytes = io::read_file(path);
-  if (bytes.empty()) throw std::runtime_error("[data] input file '" + path + "' is empty (it must hold UTF-8 text)");
-  return bytes;
-}
-
 // Creates out_dir if needed and checks we may write there, before anything is written.
 void make_out_dir(const std::string& out_dir) {
   std::error_code ec;
@@ -130,10 +127,30 @@ void make_out_dir(const std::string& out_dir) {
   }
 }
 
-// The size a token file must have for `count` tokens of this vocabulary (see token_file.h).
-uint64_t token_file_bytes(int64_t count, int64_t vocab_size) {
-  return 24 + static_cast<uint64_t>(count) * (vocab_size <= 65536 ? 2 : 4);
+int64_t mtime_ns(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
+
+// Calls `progress` when another percent of the input is done.
+class ProgressTicker {
+ public:
+  ProgressTicker(const PrepareOptions& options, int pass) : progress_(options.progress), pass_(pass) {}
+  void operator()(const CorpusReader& reader) {
+    if (!progress_) return;
+    const uint64_t total = std::max<uint64_t>(reader.total_bytes(), 1);
+    const uint64_t percent = reader.bytes_read() * 100 / total;
+    if (percent == last_percent_) return;
+    last_percent_ = percent;
+    progress_(PrepareProgress{pass_, reader.bytes_read(), reader.total_bytes()});
+  }
+
+ private:
+  std::function<void(const PrepareProgress&)> progress_;
+  int pass_;
+  uint64_t last_percent_ = ~uint64_t{0};
+};
 
 }  // namespace
 
@@ -148,38 +165,81 @@ uint64_t fnv1a64(std::string_view bytes) {
 
 DatasetMeta prepare_dataset(const PrepareOptions& options) {
   validate_options(options);
-  const std::string bytes = read_input(options.input);
-  std::u32string chars;
-  try {
-    chars = decode_utf8(bytes);
-  } catch (const std::exception& e) {
-    // "[data] invalid UTF-8 at ..." -> "[data] 'input.txt': invalid UTF-8 at ..."
-    std::string what = e.what();
-    if (what.rfind("[data] ", 0) == 0) what = what.substr(7);
-    throw std::runtime_error("[data] '" + options.input + "': " + what);
-  }
-
+  std::vector<std::string> inputs{options.input};
+  inputs.insert(inputs.end(), options.more_inputs.begin(), options.more_inputs.end());
+  const std::vector<std::string> files = corpus_files(inputs, options.out_dir);
   DatasetMeta meta;
+  meta.version = kMetaVersion;
+  meta.input_mtime_ns = files.size() == 1 ? mtime_ns(files[0]) : 0;
+
+  // Pass 1: which characters occur (a bitmap over all code points: sorted for free), how many.
+  std::vector<uint8_t> seen(kMaxCodePoint + 1, 0);
+  int64_t n = 0;
+  std::u32string_view piece;
+  {
+    CorpusReader reader(files, options.separator, options.errors);
+    ProgressTicker tick(options, 1);
+    while (reader.next(piece)) {
+      for (char32_t cp : piece) seen[cp] = 1;
+      n += static_cast<int64_t>(piece.size());
+      tick(reader);
+    }
+    meta.input_bytes = reader.bytes_read();
+    meta.input_hash = reader.checksum();
+    meta.replaced = reader.replaced();
+  }
+  if (n == 0) {
+    throw std::runtime_error(std::string(files.size() == 1 ? "[data] input file '" : "[data] input '") + options.input +
+                             "' is empty (it must hold UTF-8 text)");
+  }
+  std::u32string chars;
+  for (char32_t cp = 0; cp <= kMaxCodePoint; ++cp) {
+    if (seen[cp]) chars.push_back(cp);
+  }
   meta.vocab = Vocab::from_chars(chars);
-  const auto n = static_cast<int64_t>(chars.size());
   meta.train_tokens = static_cast<int64_t>(static_cast<double>(n) * (1.0 - options.val_fraction));  // int(n * 0.9)
   meta.val_tokens = n - meta.train_tokens;
-  meta.input_bytes = bytes.size();
-  meta.input_hash = fnv1a64(bytes);
   meta.val_fraction = options.val_fraction;
   check_split_sizes(meta, options);
   make_out_dir(options.out_dir);
 
-  std::vector<int64_t> ids = meta.vocab.encode_chars(chars);
-  const std::vector<int64_t> val(ids.begin() + meta.train_tokens, ids.end());
-  ids.resize(static_cast<size_t>(meta.train_tokens));
-
+  // Pass 2: code point -> id through a table, streamed into train.bin then val.bin.
+  std::vector<int32_t> id_of(kMaxCodePoint + 1, -1);
+  for (size_t id = 0; id < chars.size(); ++id) id_of[chars[id]] = static_cast<int32_t>(id);
+  CorpusReader reader(files, options.separator, options.errors);
+  ProgressTicker tick(options, 2);
+  std::vector<int32_t> ids;
+  size_t used = 0;  // characters of `piece` already written
+  piece = {};
+  const auto write_split = [&](const std::string& path, int64_t count) {
+    uint64_t checksum = 0;
+    io::write_file_atomically(path, [&](const std::string& tmp) {
+      TokenFileWriter writer(tmp, static_cast<uint64_t>(count), meta.vocab.size());
+      while (writer.written() < static_cast<uint64_t>(count)) {
+        if (used == piece.size()) {
+          if (!reader.next(piece)) throw std::runtime_error("the input became shorter while it was prepared");
+          used = 0;
+          tick(reader);
+        }
+        const size_t take = std::min<uint64_t>(piece.size() - used, static_cast<uint64_t>(count) - writer.written());
+        ids.resize(take);
+        for (size_t i = 0; i < take; ++i) ids[i] = id_of[piece[used + i]];
+        writer.append(ids.data(), take);  // an id of -1 (a character pass 1 did not see) is refused there
+        used += take;
+      }
+      checksum = writer.finish();
+    });
+    return checksum;
+  };
   // Drop the old meta first: until the new one lands, the directory reads as "not prepared", so a
   // crash between the writes below never pairs new token files with a stale meta (or vice versa).
   std::error_code ec;
   fs::remove(join(options.out_dir, "meta.bin"), ec);
-  write_token_file(join(options.out_dir, "train.bin"), ids, meta.vocab.size());
-  write_token_file(join(options.out_dir, "val.bin"), val, meta.vocab.size());
+  meta.train_checksum = write_split(join(options.out_dir, "train.bin"), meta.train_tokens);
+  meta.val_checksum = write_split(join(options.out_dir, "val.bin"), meta.val_tokens);
+  if (used != piece.size() || reader.next(piece) || reader.checksum() != meta.input_hash) {
+    throw std::runtime_error("[data] the input changed while it was prepared (prepare it again once it is complete)");
+  }
   io::write_bytes_atomically(join(options.out_dir, "meta.bin"), serialize_meta(meta));
   return meta;
 }
@@ -197,32 +257,40 @@ DatasetMeta read_meta(const std::string& out_dir) {
   const auto bad = [&](const std::string& what) {
     return std::runtime_error("[data] '" + path + "': " + what + " (re-run `nanogpt prepare` to rebuild it)");
   };
-  if (bytes.size() < kMetaFixedBytes) {
+  if (bytes.size() < kMetaV1FixedBytes) {
     throw bad(fmt::format("the file has {} bytes, too short for a meta file", bytes.size()));
   }
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   if (std::memcmp(p, kMetaMagic, sizeof(kMetaMagic)) != 0) throw bad("not a meta file (wrong magic number)");
   const uint64_t version = get_le(p + 8, 4);
-  if (version != kMetaVersion) {
-    throw bad(fmt::format("unsupported meta file version {} (this build reads version {})", version, kMetaVersion));
+  if (version != 1 && version != kMetaVersion) {
+    throw bad(fmt::format("unsupported meta file version {} (this build reads versions 1 and {})", version, kMetaVersion));
   }
+  const size_t fixed = version == 1 ? kMetaV1FixedBytes : kMetaFixedBytes;
+  if (bytes.size() < fixed) throw bad(fmt::format("the file has {} bytes, too short for a meta file", bytes.size()));
   DatasetMeta meta;
+  meta.version = static_cast<uint32_t>(version);
   const uint64_t train = get_le(p + 12, 8);
   const uint64_t val = get_le(p + 20, 8);
   meta.input_bytes = get_le(p + 28, 8);
   meta.input_hash = get_le(p + 36, 8);
   meta.val_fraction = bits_double(get_le(p + 44, 8));
-  const uint64_t vocab_bytes = get_le(p + 52, 8);
-  if (vocab_bytes != bytes.size() - kMetaFixedBytes) {
+  if (version >= 2) {
+    meta.input_mtime_ns = static_cast<int64_t>(get_le(p + 52, 8));
+    meta.train_checksum = get_le(p + 60, 8);
+    meta.val_checksum = get_le(p + 68, 8);
+  }
+  const uint64_t vocab_bytes = get_le(p + fixed - 8, 8);
+  if (vocab_bytes != bytes.size() - fixed) {
     throw bad(fmt::format("the vocabulary should be {} bytes but {} follow the header (truncated or corrupt)", vocab_bytes,
-                          bytes.size() - kMetaFixedBytes));
+                          bytes.size() - fixed));
   }
   if (train > (uint64_t{1} << 62) || val > (uint64_t{1} << 62)) throw bad("implausible token counts");
   if (!(meta.val_fraction > 0.0 && meta.val_fraction < 1.0)) throw bad("val_fraction is not between 0 and 1");
   meta.train_tokens = static_cast<int64_t>(train);
   meta.val_tokens = static_cast<int64_t>(val);
   try {
-    meta.vocab = Vocab::deserialize(std::string_view(bytes).substr(kMetaFixedBytes));
+    meta.vocab = Vocab::deserialize(std::string_view(bytes).substr(fixed));
   } catch (const std::exception& e) {
     throw bad(e.what());
   }
@@ -237,7 +305,8 @@ bool is_prepared(const std::string& input, const std::string& out_dir, double va
   } catch (const std::exception&) {
     return false;
   }
-  if (meta.val_fraction != val_fraction) return false;
+  // Version 1 recorded no token checksums: preparing again adds them.
+  if (meta.version < kMetaVersion || meta.val_fraction != val_fraction) return false;
   std::error_code ec;
   const auto check_tokens = [&](const char* name, int64_t count) {
     const auto size = fs::file_size(join(out_dir, name), ec);
@@ -245,9 +314,19 @@ bool is_prepared(const std::string& input, const std::string& out_dir, double va
   };
   if (!check_tokens("train.bin", meta.train_tokens) || !check_tokens("val.bin", meta.val_tokens)) return false;
   const auto input_size = fs::file_size(input, ec);
-  if (ec || input_size != meta.input_bytes) return false;  // cheap test before hashing
+  if (ec || input_size != meta.input_bytes) return false;  // cheap tests before reading it
+  // An unchanged modification time vouches for the content, unless the file was modified within 2 s
+  // of meta.bin's writing: clocks tick coarsely, so an edit then could keep the time ("racy git").
+  constexpr int64_t kClockSlackNs = 2'000'000'000;
+  if (meta.input_mtime_ns != 0 && mtime_ns(input) == meta.input_mtime_ns &&
+      meta.input_mtime_ns + kClockSlackNs < mtime_ns(join(out_dir, "meta.bin")))
+    return true;
   try {
-    return fnv1a64(io::read_file(input)) == meta.input_hash;
+    CorpusReader reader({input}, "", Utf8Errors::replace);
+    std::u32string_view piece;
+    while (reader.next(piece)) {
+    }
+    return reader.checksum() == meta.input_hash;
   } catch (const std::exception&) {
     return false;
   }
@@ -264,6 +343,11 @@ DatasetMeta ensure_prepared(const PrepareOptions& options, bool* prepared) {
   DatasetMeta meta = prepare_dataset(options);
   if (prepared) *prepared = true;
   return meta;
+}
+
+std::string dataset_dir(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return name;
+  return "data/" + name;
 }
 
 }  // namespace nanogpt::data

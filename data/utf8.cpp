@@ -25,61 +25,70 @@ bool is_continuation(unsigned char b) { return (b & 0xC0) == 0x80; }
 
 }  // namespace
 
+Utf8Step decode_utf8_step(std::string_view bytes, size_t i, std::string* error) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  const unsigned char lead = p[i];
+  if (lead < 0x80) return {lead, 1, 0, false};
+  const auto bad = [&](int bad_length, bool truncated, const std::string& what) {
+    if (error) *error = what;
+    return Utf8Step{0, 0, bad_length, truncated};
+  };
+  int len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  char32_t cp = 0;
+  if (lead < 0xC0) {
+    return bad(1, false, "unexpected continuation byte " + hex_byte(lead) + " (no lead byte before it)");
+  } else if (lead < 0xC2) {
+    return bad(1, false, "overlong encoding (lead byte " + hex_byte(lead) + " encodes an ASCII character in 2 bytes)");
+  } else if (lead < 0xE0) {
+    len = 2;
+    cp = lead & 0x1F;
+  } else if (lead < 0xF0) {
+    len = 3;
+    cp = lead & 0x0F;
+    if (lead == 0xE0) lo = 0xA0;  // below: overlong
+    if (lead == 0xED) hi = 0x9F;  // above: UTF-16 surrogates U+D800..U+DFFF
+  } else if (lead < 0xF5) {
+    len = 4;
+    cp = lead & 0x07;
+    if (lead == 0xF0) lo = 0x90;  // below: overlong
+    if (lead == 0xF4) hi = 0x8F;  // above: beyond U+10FFFF
+  } else {
+    return bad(1, false, "invalid lead byte " + hex_byte(lead) + " (never appears in UTF-8)");
+  }
+  for (int k = 1; k < len; ++k) {
+    if (i + k >= n) {
+      return bad(k, true, fmt::format("truncated sequence (lead byte {} needs {} bytes, the input ends after {})",
+                                      hex_byte(lead), len, k));
+    }
+    const unsigned char b = p[i + k];
+    if (!is_continuation(b)) {
+      return bad(k, false, fmt::format("truncated sequence (lead byte {} needs {} bytes, its byte {}, {}, is not a "
+                                       "continuation byte)",
+                                       hex_byte(lead), len, k + 1, hex_byte(b)));
+    }
+    if (k == 1 && (b < lo || b > hi)) {
+      const char* why = lead == 0xED ? "UTF-16 surrogate code point"
+                        : lead == 0xF4 ? "code point above U+10FFFF"
+                                       : "overlong encoding";
+      return bad(1, false, std::string(why) + " (bytes " + hex_byte(lead) + " " + hex_byte(b) + ")");
+    }
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  return {cp, len, 0, false};
+}
+
 std::u32string decode_utf8(std::string_view bytes) {
   std::u32string out;
   out.reserve(bytes.size());  // an upper bound; ASCII text needs exactly this
-  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
-  const size_t n = bytes.size();
   size_t i = 0;
-  while (i < n) {
-    const unsigned char lead = p[i];
-    if (lead < 0x80) {
-      out.push_back(lead);
-      ++i;
-      continue;
-    }
-    int len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    char32_t cp = 0;
-    if (lead < 0xC0) {
-      fail(i, "unexpected continuation byte " + hex_byte(lead) + " (no lead byte before it)");
-    } else if (lead < 0xC2) {
-      fail(i, "overlong encoding (lead byte " + hex_byte(lead) + " encodes an ASCII character in 2 bytes)");
-    } else if (lead < 0xE0) {
-      len = 2;
-      cp = lead & 0x1F;
-    } else if (lead < 0xF0) {
-      len = 3;
-      cp = lead & 0x0F;
-      if (lead == 0xE0) lo = 0xA0;  // below: overlong
-      if (lead == 0xED) hi = 0x9F;  // above: UTF-16 surrogates U+D800..U+DFFF
-    } else if (lead < 0xF5) {
-      len = 4;
-      cp = lead & 0x07;
-      if (lead == 0xF0) lo = 0x90;  // below: overlong
-      if (lead == 0xF4) hi = 0x8F;  // above: beyond U+10FFFF
-    } else {
-      fail(i, "invalid lead byte " + hex_byte(lead) + " (never appears in UTF-8)");
-    }
-    for (int k = 1; k < len; ++k) {
-      if (i + k >= n) {
-        fail(i, fmt::format("truncated sequence (lead byte {} needs {} bytes, the input ends after {})", hex_byte(lead), len, k));
-      }
-      const unsigned char b = p[i + k];
-      if (!is_continuation(b)) {
-        fail(i, fmt::format("truncated sequence (lead byte {} needs {} bytes, byte {} at offset {} is not a continuation byte)",
-                            hex_byte(lead), len, hex_byte(b), i + k));
-      }
-      if (k == 1 && (b < lo || b > hi)) {
-        const char* why = lead == 0xED ? "UTF-16 surrogate code point"
-                          : lead == 0xF4 ? "code point above U+10FFFF"
-                                         : "overlong encoding";
-        fail(i, std::string(why) + " (bytes " + hex_byte(lead) + " " + hex_byte(b) + ")");
-      }
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    out.push_back(cp);
-    i += static_cast<size_t>(len);
+  std::string error;
+  while (i < bytes.size()) {
+    const Utf8Step step = decode_utf8_step(bytes, i, &error);
+    if (step.length == 0) fail(i, error);
+    out.push_back(step.cp);
+    i += static_cast<size_t>(step.length);
   }
   return out;
 }

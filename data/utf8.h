@@ -12,6 +12,18 @@ namespace nanogpt::data {
 /// Throws std::runtime_error "[data] invalid UTF-8 at byte offset N: ..." naming the first bad byte.
 std::u32string decode_utf8(std::string_view bytes);
 
+/// One step of strict decoding (see decode_utf8_step).
+struct Utf8Step {
+  char32_t cp;      // the code point, when length > 0
+  int length;       // bytes it took (1..4); 0 when the bytes there are not valid UTF-8
+  int bad_length;   // on error: the bytes to skip (the maximal invalid subpart, Unicode 15 section 3.9)
+  bool truncated;   // on error: the sequence was cut short by the end of `bytes` (more input may complete it)
+};
+
+/// Decodes the code point starting at bytes[i] (i < bytes.size()). On an error, `error` (if given)
+/// receives what is wrong, e.g. "invalid lead byte 0xFF (never appears in UTF-8)".
+Utf8Step decode_utf8_step(std::string_view bytes, size_t i, std::string* error = nullptr);
+
 /// Appends the UTF-8 encoding of one code point. Throws on surrogates / values > U+10FFFF.
 void append_utf8(std::string& out, char32_t cp);
 

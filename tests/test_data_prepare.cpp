@@ -212,7 +212,10 @@ TEST(Meta, RoundTrips) {
   EXPECT_EQ(read.train_tokens, written.train_tokens);
   EXPECT_EQ(read.val_tokens, written.val_tokens);
   EXPECT_EQ(read.input_bytes, fs::file_size(dir / "in.txt"));
-  EXPECT_EQ(read.input_hash, fnv1a64(read_file(dir / "in.txt")));
+  EXPECT_EQ(read.input_hash, checksum_of(read_file(dir / "in.txt")));
+  EXPECT_EQ(read.train_checksum, checksum_of(read_file(dir / "out/train.bin").substr(24)));
+  EXPECT_EQ(read.val_checksum, checksum_of(read_file(dir / "out/val.bin").substr(24)));
+  EXPECT_EQ(read.version, 2u);
   EXPECT_EQ(read.val_fraction, 0.25);
 }
 
@@ -290,7 +293,9 @@ TEST(PrepareErrors, EachBadInputIsAClearErrorAndWritesNothing) {
     EXPECT_TRUE(listing(out).empty()) << "after: " << msg;
   };
   expect_error({dir / "missing.txt", out}, "does not exist");
-  expect_error({dir.path.string(), out}, "is a directory");
+  fs::create_directories(dir / "no_files/.hidden");
+  write_text(dir / "no_files/.hidden/notes.txt", "hidden files are not read");
+  expect_error({dir / "no_files", out}, "is a directory without files");
   write_text(dir / "empty.txt", "");
   expect_error({dir / "empty.txt", out}, "is empty");
   write_text(dir / "short.txt", "abcdefghij");  // splits of 9 and 1 characters

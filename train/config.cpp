@@ -50,7 +50,7 @@ const std::array kKeys = {
     KEY(out_dir, "I/O"), KEY(eval_interval, nullptr), KEY(log_interval, nullptr),
     KEY(eval_iters, nullptr), KEY(eval_only, nullptr), KEY(always_save_checkpoint, nullptr),
     KEY(init_from, nullptr), KEY(checkpoint_interval, nullptr), KEY(checkpoint_minutes, nullptr),
-    KEY(dataset, "data"), KEY(val_fraction, nullptr), KEY(gradient_accumulation_steps, nullptr),
+    KEY(dataset, "data"), KEY(val_fraction, nullptr), KEY(verify_data, nullptr), KEY(gradient_accumulation_steps, nullptr),
     KEY(batch_size, nullptr), MODEL_KEY(block_size, nullptr),
     MODEL_KEY(n_layer, "model"), MODEL_KEY(n_head, nullptr), MODEL_KEY(n_kv_head, nullptr), MODEL_KEY(n_embd, nullptr),
     MODEL_KEY(dropout, nullptr), MODEL_KEY(bias, nullptr), MODEL_KEY(pos_encoding, nullptr),

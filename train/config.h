@@ -24,8 +24,9 @@ struct TrainConfig {
   int64_t checkpoint_interval = 0;           // also save ckpt_last every this many iterations; 0 = at evaluations only
   double checkpoint_minutes = 0;             // also save ckpt_last when this many minutes passed since the last save; 0 = off
   // data
-  std::string dataset = "data/shakespeare_char";  // folder with input.txt (tokens prepared on demand)
+  std::string dataset = "data/shakespeare_char";  // folder with input.txt, or train/val/meta.bin; NAME = data/NAME
   double val_fraction = 0.1;                 // last fraction of the characters held out for val
+  bool verify_data = false;                  // read every token of train.bin/val.bin at start-up (small ones always)
   int64_t gradient_accumulation_steps = 1;   // micro-batches per optimizer step
   int64_t batch_size = 12;                   // sequences per micro-batch
   // model: the architecture, in one struct (model/config.h); its keys are flat in YAML, as in nanoGPT

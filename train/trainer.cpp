@@ -132,19 +132,23 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (!config_.eval_only && is_main())
     io::write_bytes_atomically(config_.out_dir + "/config.yaml", to_yaml(config_), "train");
 
-  // Data: prepared on demand from dataset/input.txt.
+  // Data: prepared on demand from dataset/input.txt, or a folder `nanogpt prepare` filled (train.bin,
+  // val.bin, meta.bin). The token files are memory-mapped: start-up costs the same whatever their size.
+  config_.dataset = data::dataset_dir(config_.dataset);  // NAME means data/NAME, as in nanoGPT
   data::PrepareOptions prep;
   prep.input = config_.dataset + "/input.txt";
   prep.out_dir = config_.dataset;
   prep.val_fraction = config_.val_fraction;
   prep.min_split_tokens = config_.model.block_size + 1;
-  if (!std::filesystem::exists(prep.input))
-    throw std::runtime_error("[train] dataset '" + config_.dataset + "' has no input.txt (set dataset: to a folder holding input.txt)");
+  const bool has_input = std::filesystem::exists(prep.input);
+  if (!has_input && !std::filesystem::exists(config_.dataset + "/meta.bin"))
+    throw std::runtime_error("[train] dataset '" + config_.dataset + "' has no input.txt and no meta.bin (make one with "
+                             "`nanogpt prepare --input FILE_OR_FOLDER --out_dir " + config_.dataset + "`)");
   bool prepared = false;
   // Rank 0 prepares the tokens while the others wait; they then find them (a shared folder) or
   // prepare their machine's own copy.
   if (group_ && !is_main()) group_->barrier("the wait for rank 0 to prepare the data");
-  auto meta = data::ensure_prepared(prep, &prepared);
+  auto meta = has_input ? data::ensure_prepared(prep, &prepared) : data::read_meta(config_.dataset);
   if (group_ && is_main()) group_->barrier("the wait for rank 0 to prepare the data");
   if (prepared) log_->info("{} (prepared from {}/input.txt)", data::summary_line(meta), config_.dataset);
   vocab_ = meta.vocab;
@@ -153,19 +157,22 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
         "[train] the checkpoint's vocabulary ({} chars) differs from dataset '{}' ({} chars): resume with the "
         "dataset it was trained on",
         resume_meta.vocab.size(), config_.dataset, vocab_.size()));
-  train_tokens_ = data::read_token_file(config_.dataset + "/train.bin", vocab_.size());
-  val_tokens_ = data::read_token_file(config_.dataset + "/val.bin", vocab_.size());
+  train_tokens_ = data::map_token_file(config_.dataset + "/train.bin",
+                                       {vocab_.size(), meta.train_tokens, meta.train_checksum, config_.verify_data});
+  val_tokens_ = data::map_token_file(config_.dataset + "/val.bin",
+                                     {vocab_.size(), meta.val_tokens, meta.val_checksum, config_.verify_data});
+  if (config_.verify_data) log_->info("[data] verify_data: every token of train.bin and val.bin checked");
   if (group_) {
     const std::string vocab_text = vocab_.serialize();
     group_->check_same("dataset",
                        fmt::format("vocab {} characters, checksum {:016x}\ntrain {} tokens, checksum {:016x}\nval {} tokens, "
                                    "checksum {:016x}",
-                                   vocab_.size(), fnv1a(vocab_text.data(), vocab_text.size()),
-                                   train_tokens_.numel(), fnv1a(train_tokens_.data_ptr(), train_tokens_.nbytes()),
-                                   val_tokens_.numel(), fnv1a(val_tokens_.data_ptr(), val_tokens_.nbytes())),
-                       "every rank must read the same input.txt: copy the dataset folder to every machine");
+                                   vocab_.size(), fnv1a(vocab_text.data(), vocab_text.size()), meta.train_tokens,
+                                   meta.train_checksum, meta.val_tokens, meta.val_checksum),
+                       "every rank must read the same dataset: copy the dataset folder to every machine");
   }
-  sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.model.block_size, config_.seed);
+  sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.model.block_size,
+                                                  config_.seed, vocab_.size());
   // The val split only needs one window; check it now rather than at the first evaluation.
   data::BatchSampler(val_tokens_, 1, config_.model.block_size, 0);
 
