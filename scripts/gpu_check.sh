@@ -8,7 +8,7 @@
 #   scripts/gpu_check.sh NANOGPT_DIR      # NANOGPT_DIR: a checkout of karpathy/nanoGPT (not shipped here)
 #
 # Libraries the GPU machine lacks (yaml-cpp, spdlog, fmt, GoogleTest, CLI11, nlohmann-json) are
-# unpacked, not installed, from Debian packages copied into .devdeps/ (../shared/device/README.md).
+# unpacked, not installed, from Debian packages copied into .devdeps/.
 # cairo and pango are not among them: without them the build has no plots (-DNANOGPT_PLOTS=OFF).
 set -euo pipefail
 nanogpt_dir=${1:?usage: scripts/gpu_check.sh NANOGPT_DIR (a checkout of karpathy/nanoGPT)}
@@ -75,7 +75,7 @@ for compile in False True; do
      --compile=$compile --out_dir="$work/nano_$compile" "${common[@]}" >"$work/nano_$compile.log" 2>&1) ||
     tail -5 "$work/nano_$compile.log"
 done
-# The NCCL path (issue 13): torchrun with one process per GPU (at least one), same preset.
+# The NCCL path: torchrun with one process per GPU (at least one), same preset.
 ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count())')
 torchrun=$(dirname "$(command -v "$py")")/torchrun
 echo "[gpu] data parallel: torchrun, $ngpu process(es), NCCL"
