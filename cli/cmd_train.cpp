@@ -2,6 +2,7 @@
 // `--help` lists every config key; `--keys=markdown` prints the table of docs/configuration.md.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -16,12 +17,20 @@ namespace {
 
 // The keys as `train --help` shows them: one line each, under their group.
 std::string keys_text() {
-  std::string out = "Config keys (YAML `key: value`, or --key=value here; defaults are nanoGPT's train.py):";
+  const auto table = train::config_key_table();
+  size_t name_width = 0, default_width = 0;
+  for (const auto& key : table) {
+    name_width = std::max(name_width, key.name.size());
+    default_width = std::max(default_width, key.default_value.size());
+  }
+  std::string out =
+      "Config keys (YAML `key: value`, or --key=value here). Defaults are nanoGPT's train.py's except for\n"
+      "dataset, gradient_accumulation_steps, device, dtype, compile and backend; docs/configuration.md has more.\n";
   std::string group;
-  for (const train::ConfigKey& key : train::config_key_table()) {
+  for (const auto& key : table) {
     if (key.group != group) out += "\n  # " + (group = key.group) + "\n";
-    out += fmt::format("  {:<28} {:<6} {:<14} {}  [{}]\n", key.name, key.type, key.default_value, key.description,
-                       key.range);
+    out += fmt::format("  {:<{}}  {:<6} {:<{}}  {}  [{}]\n", key.name, name_width, key.type, key.default_value,
+                       default_width, key.description, key.range);
   }
   return out;
 }

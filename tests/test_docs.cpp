@@ -255,7 +255,9 @@ TEST(DocumentedCommands, UseOnlySubcommandsOptionsAndKeysTheProgramHas) {
     }
     for (const std::string& word : words) {
       EXPECT_NE(word, "nanogpt") << name << ": a command spelt `nanogpt`; the docs write it `build/nanogpt`";
-      if (word.rfind("scripts/", 0) == 0) EXPECT_TRUE(fs::exists(kSource + "/" + word)) << name << ": no file " << word;
+      if (word.rfind("scripts/", 0) == 0) {
+        EXPECT_TRUE(fs::exists(kSource + "/" + word)) << name << ": no file " << word;
+      }
     }
   }
   EXPECT_GE(checked, 10u) << "found too few documented commands: did the README lose its ```sh blocks?";
