@@ -246,7 +246,7 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--quantize", a->quantize,
                   "none | int8: the weight matrices and their inputs in int8 (dynamic quantization) | int4: the "
                   "blocks' matrices in 4 bits (a scale and a minimum every 64 weights), their inputs in int8; either "
-                  "keeps the KV cache in int8 too; on the CPU, faster sampling, slightly less exact (BENCHMARKS.md)")
+                  "keeps the KV cache in int8 too; on the CPU, faster sampling, slightly less exact (docs/performance.md)")
       ->capture_default_str();
   cmd->add_option("--num_threads", a->num_threads, "CPU threads; 0 = all cores")->capture_default_str();
   cmd->add_option("--stop", a->stop, "End a sample right after this string (e.g. a blank line, or 。)");

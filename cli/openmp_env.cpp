@@ -6,7 +6,7 @@
 // thread that is done spins on its core while the thread it waits for sits in the run queue for
 // that core. Measured on the 2-core CPU preset with two other processes running: 1,972 ms/iter by
 // default, 51 ms with a spin count of 1,000; on the quiet machine 20.6-20.9 ms either way
-// (BENCHMARKS.md). libgomp reads the variable once, when it is loaded, before main() runs (and the C
+// (docs/perf-log.md). libgomp reads the variable once, when it is loaded, before main() runs (and the C
 // library resets the environment after the program's own .preinit_array functions), so the program
 // sets it and starts itself again: the same process (exec keeps the pid, so torchrun and signals
 // are unaffected), about 0.2 s more start-up, paid by the long-running commands only.
@@ -15,7 +15,7 @@
 // ms/iter with it against 37 with the default, fp32, quiet machine: there a sleeping thread halts
 // its virtual CPU, and every wake-up is a trip through the hypervisor. 10,000 ran 37.3-38.7 there
 // (the default 37.1-38.2, 3,000 45.1-47.1), and beside one busy program 146 ms/iter against 83 for
-// 1,000 and 359 for 100,000 (BENCHMARKS.md).
+// 1,000 and 359 for 100,000 (docs/perf-log.md).
 #include <unistd.h>
 
 #include <cstdlib>

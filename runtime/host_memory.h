@@ -7,7 +7,7 @@
 //    the full preset the resident peak was 2.6 GB for 1.3 GB of live tensors.
 //  - tcmalloc (gperftools, Debian's libtcmalloc-minimal4), linked into the nanogpt program when
 //    found, keeps freed pages for reuse in size classes: the peak is the live peak (1.63 GB) at
-//    glibc-heap speed. jemalloc and mimalloc gave the same peak at 1.6x the step time (BENCHMARKS.md).
+//    glibc-heap speed. jemalloc and mimalloc gave the same peak at 1.6x the step time (docs/perf-log.md).
 #pragma once
 
 #include <string>

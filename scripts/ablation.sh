@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Issue 15's ablation (BENCHMARKS.md "Beyond nanoGPT's recipe"): each switch alone on top of the
+# The modern recipe's ablation (docs/perf-log.md, "Beyond nanoGPT's recipe"): each switch alone on top of the
 # Shakespeare CPU preset, all together (the modern preset), modern + Muon and two other combinations,
 # 2000 iterations, a few seeds each; prints the final val loss of every run, then mean ± sd per row.
 #
 #   scripts/ablation.sh                         # every row, seeds 1337 2 3, each config's own lr
 #   ROWS='^(base|modern)$' LR=2e-3 SEEDS=1337 scripts/ablation.sh   # a one-seed learning-rate probe
 #   ROWS='muon' MUON_LR=0.04 scripts/ablation.sh
-# BENCHMARKS.md's tuned table is, besides the default run (relu2, swiglu and modern + Muon are best at
+# docs/perf-log.md's tuned table is, besides the default run (relu2, swiglu and modern + Muon are best at
 # the presets' rates): ROWS='^(base|rmsnorm|qk_norm|untied|softcap15|wsd)$' LR=4e-3, ROWS='^modern$'
 # LR=5e-4, ROWS='^muon$' LR=2e-3 MUON_LR=0.01.
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side by side on this machine, in one run: nanogpt-cpp against nanoGPT's train.py and sample.py on
 # the same PyTorch (the one scripts/setup.sh installed), as nanoGPT users run it: --compile=False,
-# --compile=True, and the one-line CPU bf16 autocast patch (../shared/peers/nanoGPT_cpu_bf16.py).
+# --compile=True, and the one-line CPU bf16 autocast patch (BF16_PATCH: a copy of train.py with that one line changed).
 #
 #   scripts/bench_vs_nanogpt.sh NANOGPT_DIR [BF16_PATCH]
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-parallel scale figures (BENCHMARKS.md, issue 13) on this machine: tokens/s of one config with
+# Data-parallel scale figures (docs/perf-log.md, "Data parallel on c10d") on this machine: tokens/s of one config with
 # the same global batch (gradient_accumulation_steps=2) as
 #   1 process x 2 threads | 2 processes x 1 thread (torchrun) | 2 "machines" (two torchrun --nnodes=2 on loopback)
 # and Gloo's all-reduce bandwidth between 2 processes. Run it on a quiet machine.

@@ -561,7 +561,7 @@ void store_quantized(GPT& model, Quantize quantize) {
 // The decoder with int8 or int4 matrices against the fp32 model, every switch, with an fp32 and a
 // bf16 cache: the logits differ (the quantization is real) by a few percent of their spread for
 // int8, more for int4 (these random models' weights are Gaussian, the worst case for a scale shared
-// by a row or a group; BENCHMARKS.md measures what each costs a trained model's loss). Against the
+// by a row or a group; docs/perf-log.md measures what each costs a trained model's loss). Against the
 // model holding the stored weights, what is left is the inputs' int8 rounding: the wiring is right.
 TEST(Decoder, QuantizedLogitsStayCloseToTheFp32Model) {
   c10::InferenceMode inference;

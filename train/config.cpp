@@ -40,31 +40,92 @@ using Field = std::variant<int64_t*, double*, bool*, std::string*>;
 struct Key {
   const char* name;
   Field (*field)(TrainConfig&);
-  const char* group;  // to_yaml writes "# group" before this key; nullptr for none
+  const char* group;        // to_yaml writes "# group" before this key; nullptr for none
+  const char* range;        // the values validate() accepts, as the docs say them
+  const char* nanogpt;      // the same setting's name in nanoGPT's train.py; "" when nanoGPT has none
+  const char* description;  // one line for `train --help` and docs/configuration.md
 };
 
-// The macros keep each key's name and member identical; order = the order to_yaml writes.
-#define KEY(field, group) Key{#field, [](TrainConfig& c) -> Field { return &c.field; }, group}
-#define MODEL_KEY(field, group) Key{#field, [](TrainConfig& c) -> Field { return &c.model.field; }, group}
+// The one table of keys: parsing, overrides, to_yaml, `train --help` and docs/configuration.md all
+// read it. The macros keep each key's name and member identical; order = the order to_yaml writes.
+// A new key is one line here (and its member, default and rule in validate()).
+#define KEY(field, group, ...) Key{#field, [](TrainConfig& c) -> Field { return &c.field; }, group, __VA_ARGS__}
+#define MODEL_KEY(field, group, ...) \
+  Key{#field, [](TrainConfig& c) -> Field { return &c.model.field; }, group, __VA_ARGS__}
 const std::array kKeys = {
-    KEY(out_dir, "I/O"), KEY(eval_interval, nullptr), KEY(log_interval, nullptr),
-    KEY(eval_iters, nullptr), KEY(eval_only, nullptr), KEY(always_save_checkpoint, nullptr),
-    KEY(init_from, nullptr), KEY(checkpoint_interval, nullptr), KEY(checkpoint_minutes, nullptr),
-    KEY(dataset, "data"), KEY(val_fraction, nullptr), KEY(verify_data, nullptr), KEY(gradient_accumulation_steps, nullptr),
-    KEY(batch_size, nullptr), MODEL_KEY(block_size, nullptr),
-    MODEL_KEY(n_layer, "model"), MODEL_KEY(n_head, nullptr), MODEL_KEY(n_kv_head, nullptr), MODEL_KEY(n_embd, nullptr),
-    MODEL_KEY(dropout, nullptr), MODEL_KEY(bias, nullptr), MODEL_KEY(pos_encoding, nullptr),
-    MODEL_KEY(rope_base, nullptr), MODEL_KEY(norm, nullptr), MODEL_KEY(attention, nullptr),
-    MODEL_KEY(qk_norm, nullptr), MODEL_KEY(mlp, nullptr), MODEL_KEY(tie_embeddings, nullptr),
-    MODEL_KEY(logit_softcap, nullptr),
-    KEY(learning_rate, "AdamW"), KEY(max_iters, nullptr), KEY(weight_decay, nullptr),
-    KEY(beta1, nullptr), KEY(beta2, nullptr), KEY(grad_clip, nullptr),
-    KEY(optimizer, nullptr), KEY(muon_learning_rate, nullptr), KEY(muon_momentum, nullptr),
-    KEY(decay_lr, "learning rate schedule"), KEY(lr_schedule, nullptr), KEY(warmup_iters, nullptr),
-    KEY(lr_decay_iters, nullptr), KEY(min_lr, nullptr), KEY(decay_frac, nullptr),
-    KEY(device, "system"), KEY(dtype, nullptr), KEY(seed, nullptr), KEY(num_threads, nullptr), KEY(tf32, nullptr),
-    KEY(compile, nullptr), KEY(plot, nullptr),
-    KEY(backend, "data parallel (torchrun)"), KEY(ddp_timeout, nullptr), KEY(ddp_bucket_mb, nullptr),
+    // I/O
+    KEY(out_dir, "I/O", "a folder", "out_dir", "checkpoints, metrics.csv, train.log, config.yaml and loss.png go here"),
+    KEY(eval_interval, nullptr, ">= 1", "eval_interval", "evaluate (and write ckpt_last.safetensors) every N iterations"),
+    KEY(log_interval, nullptr, ">= 1", "log_interval", "one [train] line every N iterations"),
+    KEY(eval_iters, nullptr, ">= 1", "eval_iters", "batches averaged per split at each evaluation"),
+    KEY(eval_only, nullptr, "true | false", "eval_only", "evaluate once and exit"),
+    KEY(always_save_checkpoint, nullptr, "true | false", "always_save_checkpoint",
+        "true: ckpt_best.safetensors at every evaluation (nanoGPT's ckpt.pt); false: only when val improves"),
+    KEY(init_from, nullptr, "scratch | resume", "init_from", "start afresh, or continue from out_dir/ckpt_last.safetensors"),
+    KEY(checkpoint_interval, nullptr, ">= 0", "",
+        "also write ckpt_last.safetensors every N iterations between evaluations; 0 = at evaluations only"),
+    KEY(checkpoint_minutes, nullptr, ">= 0", "",
+        "also write ckpt_last.safetensors when this many minutes passed since the last save; 0 = off"),
+    // data
+    KEY(dataset, "data", "a folder or a name", "dataset",
+        "a prepared folder (train.bin, val.bin, meta.bin) or one holding input.txt; a name without '/' means data/NAME"),
+    KEY(val_fraction, nullptr, "(0, 1)", "", "last fraction of the characters held out for validation (nanoGPT's prepare.py: 0.1)"),
+    KEY(verify_data, nullptr, "true | false", "", "read the token files whole at start-up and check them against meta.bin"),
+    KEY(gradient_accumulation_steps, nullptr, ">= 1, divisible by the processes", "gradient_accumulation_steps",
+        "micro-batches per optimizer step, over all processes"),
+    KEY(batch_size, nullptr, ">= 1", "batch_size", "sequences per micro-batch"),
+    MODEL_KEY(block_size, nullptr, ">= 1", "block_size", "context length T in characters"),
+    // model
+    MODEL_KEY(n_layer, "model", ">= 1", "n_layer", "transformer blocks"),
+    MODEL_KEY(n_head, nullptr, ">= 1, divides n_embd", "n_head", "query heads"),
+    MODEL_KEY(n_kv_head, nullptr, "0 or a divisor of n_head", "", "key/value heads (grouped-query attention); 0 = n_head"),
+    MODEL_KEY(n_embd, nullptr, ">= 1", "n_embd", "model width C"),
+    MODEL_KEY(dropout, nullptr, "[0, 1)", "dropout", "embedding, attention and residual dropout probability"),
+    MODEL_KEY(bias, nullptr, "true | false", "bias", "biases in Linear layers and LayerNorm"),
+    MODEL_KEY(pos_encoding, nullptr, "rope | sinusoidal | learned", "",
+        "positions: rotary (RoPE), fixed sinusoids, or nanoGPT's learned table (wpe)"),
+    MODEL_KEY(rope_base, nullptr, "> 1", "", "RoPE frequency base (pos_encoding rope only)"),
+    MODEL_KEY(norm, nullptr, "layernorm | rmsnorm", "", "LayerNorm (nanoGPT) or RMSNorm"),
+    MODEL_KEY(attention, nullptr, "auto | math | sdpa | chunked", "",
+        "auto: chunked to train on a CPU, sdpa (LibTorch's fused kernels) for evaluation, sampling and CUDA; "
+        "math: the lesson written out; chunked: math as one node in cache-sized chunks"),
+    MODEL_KEY(qk_norm, nullptr, "true | false", "", "RMS-normalise each head's queries and keys before RoPE"),
+    MODEL_KEY(mlp, nullptr, "gelu | relu2 | swiglu", "", "the MLP's activation: GELU (nanoGPT), ReLU squared, or SiLU-gated"),
+    MODEL_KEY(tie_embeddings, nullptr, "true | false", "", "the head reuses wte's weights (nanoGPT); false = its own lm_head"),
+    MODEL_KEY(logit_softcap, nullptr, ">= 0", "", "> 0: logits = cap * tanh(logits / cap); 0 = off"),
+    // AdamW
+    KEY(learning_rate, "AdamW", "> 0", "learning_rate", "peak learning rate"),
+    KEY(max_iters, nullptr, ">= 0", "max_iters", "total optimizer steps"),
+    KEY(weight_decay, nullptr, ">= 0", "weight_decay", "AdamW weight decay, on weights of 2 or more dimensions only"),
+    KEY(beta1, nullptr, "[0, 1)", "beta1", "AdamW beta1"),
+    KEY(beta2, nullptr, "[0, 1)", "beta2", "AdamW beta2"),
+    KEY(grad_clip, nullptr, ">= 0", "grad_clip", "clip the global gradient norm at this value; 0 = off"),
+    KEY(optimizer, nullptr, "adamw | muon", "", "muon: Muon for the blocks' matrices, AdamW for the rest"),
+    KEY(muon_learning_rate, nullptr, "> 0", "", "Muon's peak learning rate (follows the same schedule)"),
+    KEY(muon_momentum, nullptr, "[0, 1)", "", "Muon's Nesterov momentum"),
+    // learning rate schedule
+    KEY(decay_lr, "learning rate schedule", "true | false", "decay_lr", "warmup then decay; false = constant learning_rate"),
+    KEY(lr_schedule, nullptr, "cosine | wsd", "", "cosine (nanoGPT), or wsd: warmup, the peak held, then a linear decay"),
+    KEY(warmup_iters, nullptr, ">= 0", "warmup_iters", "linear warmup steps"),
+    KEY(lr_decay_iters, nullptr, ">= warmup_iters", "lr_decay_iters",
+        "the rate reaches min_lr here and stays there (usually = max_iters)"),
+    KEY(min_lr, nullptr, "[0, learning_rate]", "min_lr", "the rate after lr_decay_iters (~ learning_rate / 10)"),
+    KEY(decay_frac, nullptr, "(0, 1]", "", "wsd: the decay takes the last decay_frac of lr_decay_iters"),
+    // system
+    KEY(device, "system", "auto | cpu | cuda | cuda:N", "device", "auto: the GPU when there is one, else the CPU"),
+    KEY(dtype, nullptr, "auto | float32 | bfloat16 | float16", "dtype",
+        "autocast with fp32 master weights; auto: bfloat16 where the device has fast bf16, else float16 with "
+        "loss scaling on a GPU, float32 on a CPU"),
+    KEY(seed, nullptr, ">= 0", "", "seed of weights, batches and dropout (nanoGPT: fixed 1337)"),
+    KEY(num_threads, nullptr, ">= 0", "", "threads per process; 0 = all cores (under torchrun: cores / processes)"),
+    KEY(tf32, nullptr, "true | false", "", "CUDA: float32 products on TF32 tensor cores (Ampere and later), as nanoGPT allows"),
+    KEY(compile, nullptr, "true | false", "compile", "accepted for nanoGPT compatibility; no effect"),
+    KEY(plot, nullptr, "true | false", "", "redraw out_dir/loss.png at every evaluation"),
+    // data parallel (torchrun)
+    KEY(backend, "data parallel (torchrun)", "auto | gloo | nccl", "backend", "auto: gloo on a CPU, nccl on CUDA"),
+    KEY(ddp_timeout, nullptr, ">= 1", "", "seconds: a lost or stuck process stops the others within this"),
+    KEY(ddp_bucket_mb, nullptr, ">= 0", "",
+        "gradient all-reduce buckets (MB) overlapping the backward pass; 0 = one all-reduce after it"),
 };
 #undef MODEL_KEY
 #undef KEY
@@ -301,23 +362,30 @@ void apply_overrides(TrainConfig& config, const std::vector<std::string>& overri
   config = updated;
 }
 
+namespace {
+
+// A key's value as to_yaml writes it.
+std::string value_text(const Key& key, TrainConfig& config) {
+  return std::visit(
+      [](auto* field_ptr) -> std::string {
+        const auto& field = *field_ptr;
+        using T = std::decay_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, int64_t>) return std::to_string(field);
+        else if constexpr (std::is_same_v<T, double>) return format_double(field);
+        else if constexpr (std::is_same_v<T, bool>) return field ? "true" : "false";
+        else return quote_if_needed(field);
+      },
+      key.field(config));
+}
+
+}  // namespace
+
 std::string to_yaml(const TrainConfig& config) {
   TrainConfig copy = config;  // the key table hands out mutable fields
   std::string out;
   for (const Key& key : kKeys) {
     if (key.group) out += std::string(out.empty() ? "" : "\n") + "# " + key.group + "\n";
-    out += std::string(key.name) + ": ";
-    std::visit(
-        [&](auto* field_ptr) {
-          const auto& field = *field_ptr;
-          using T = std::decay_t<decltype(field)>;
-          if constexpr (std::is_same_v<T, int64_t>) out += std::to_string(field);
-          else if constexpr (std::is_same_v<T, double>) out += format_double(field);
-          else if constexpr (std::is_same_v<T, bool>) out += field ? "true" : "false";
-          else out += quote_if_needed(field);
-        },
-        key.field(copy));
-    out += "\n";
+    out += std::string(key.name) + ": " + value_text(key, copy) + "\n";
   }
   return out;
 }
@@ -326,6 +394,19 @@ std::vector<std::string> config_keys() {
   std::vector<std::string> names;
   for (const Key& key : kKeys) names.emplace_back(key.name);
   return names;
+}
+
+std::vector<ConfigKey> config_key_table() {
+  static constexpr const char* kTypes[] = {"int", "float", "bool", "string"};
+  TrainConfig defaults;
+  std::vector<ConfigKey> table;
+  std::string group;
+  for (const Key& key : kKeys) {
+    if (key.group) group = key.group;
+    table.push_back({key.name, kTypes[key.field(defaults).index()], value_text(key, defaults), key.range,
+                     key.nanogpt, key.description, group});
+  }
+  return table;
 }
 
 torch::ScalarType TrainConfig::autocast_dtype() const { return runtime::autocast_dtype(dtype); }

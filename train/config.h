@@ -94,4 +94,18 @@ std::string to_yaml(const TrainConfig& config);
 /// The list of known keys in declaration order (for help and docs).
 std::vector<std::string> config_keys();
 
+/// One key as documented by `nanogpt train --help` and docs/configuration.md.
+struct ConfigKey {
+  std::string name;
+  std::string type;           // int | float | bool | string
+  std::string default_value;  // as to_yaml writes it: nanoGPT's train.py defaults, unless a config says otherwise
+  std::string range;          // the values validate() accepts, e.g. ">= 1", "auto | cpu | cuda | cuda:N"
+  std::string nanogpt_name;   // the name in nanoGPT's train.py; empty when nanoGPT has no such key
+  std::string description;    // one line
+  std::string group;          // I/O, data, model, AdamW, learning rate schedule, system, data parallel
+};
+
+/// Every key, in declaration order, from the one key table.
+std::vector<ConfigKey> config_key_table();
+
 }  // namespace nanogpt::train

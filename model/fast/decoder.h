@@ -52,7 +52,7 @@ class Decoder {
   /// time. Quantize::int4: the blocks' matrices (Q/K/V, the projections, the MLP) in 4 bits a
   /// weight with a scale and a minimum every 64 columns (dot.h: Int4Tiles), their inputs in int8;
   /// the embeddings and the head as with int8. The logits then differ from the model's by the
-  /// quantization's error (BENCHMARKS.md measures what each costs a trained model's loss). With
+  /// quantization's error (docs/perf-log.md measures what each costs a trained model's loss). With
   /// either, the KV cache is int8 too (decode_attention.h: a scale a position and head, the scores
   /// as integer dot products), where the head size is a multiple of 4; else as without them (bf16
   /// under autocast, else fp32).

@@ -16,7 +16,7 @@ enum class Result { kAutocast, kWide };
 /// a (M, K) · b (K, N) returned in fp32, each operand row-major or the transpose of a row-major
 /// matrix (else copied). Both bf16 on the CPU: summed in fp32 and never rounded to bf16, through MKL's
 /// bf16 GEMM where LibTorch carries it (its AMX / AVX512-BF16 kernels; faster than at::mm's oneDNN
-/// call on the presets' small products, BENCHMARKS.md); otherwise widened and multiplied in fp32 (the
+/// call on the presets' small products, docs/perf-log.md); otherwise widened and multiplied in fp32 (the
 /// same sums: bf16 values are exact in fp32). Not differentiable.
 torch::Tensor mm_to_float(const torch::Tensor& a, const torch::Tensor& b);
 

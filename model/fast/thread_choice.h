@@ -106,7 +106,7 @@ class WorkSplit {
 /// A barrier for the threads of one OpenMP parallel region: each thread publishes, on a cache line
 /// of its own, how many barriers it has passed, and waits until every other thread has passed as
 /// many. Between the two cores of the project's VM `#pragma omp barrier` (libgomp) took ~275 ns and
-/// this ~135 (BENCHMARKS.md); the decoder passes 5 a layer. A waiting thread spins, and after
+/// this ~135 (docs/perf-log.md); the decoder passes 5 a layer. A waiting thread spins, and after
 /// kSpins checks yields its core at each further one (a thread that lost its core to another
 /// process can only come back if the waiting one lets it).
 /// Usage: reset(team) outside the region, then every thread of a region of exactly `team` threads
