@@ -13,9 +13,10 @@ source scripts/env.sh
 # attention explorer's browser test (which skips, saying why, without it). libgloo-dev: Gloo's headers
 # for training on several CPU processes (the Gloo library itself is inside LibTorch).
 # libtcmalloc-minimal4: the nanogpt program's malloc (runtime/host_memory.h: less memory when training).
+# libcpp-httplib-dev: the HTTP server of `nanogpt serve`; curl: its tests drive it as a client would.
 packages=(cmake g++ ninja-build python3 python3-venv libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev
           libcli11-dev nlohmann-json3-dev libcairo2-dev libpango1.0-dev fonts-dejavu-core fonts-wqy-zenhei
-          chromium libgloo-dev libtcmalloc-minimal4)
+          chromium libgloo-dev libtcmalloc-minimal4 libcpp-httplib-dev curl)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -57,3 +58,10 @@ else
   touch "$NANOGPT_VENV/.nanogpt-complete"
 fi
 "$NANOGPT_PYTHON" -c "import torch; print('[setup] LibTorch', torch.__version__, '(CUDA', str(torch.version.cuda) + ')', 'at', torch.utils.cmake_prefix_path)"
+
+# The openai client: the serving tests drive `nanogpt serve` with it (they skip, saying why, without it).
+if ! "$NANOGPT_PYTHON" -c 'import openai' 2>/dev/null; then
+  echo "[setup] installing the openai client into $NANOGPT_VENV"
+  "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check openai ||
+    echo "[setup] warning: could not install openai (offline?): the serving tests that use it will skip" >&2
+fi
