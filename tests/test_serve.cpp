@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -37,6 +38,18 @@ namespace {
 int shell(const std::string& cmd) {
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string fmt_percent(unsigned char c) {
+  static const char* hex = "0123456789ABCDEF";
+  return std::string("%") + hex[c >> 4] + hex[c & 15];
+}
+
+// Text as Chromium serialises it inside an element.
+std::string html_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) out += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : std::string(1, c);
+  return out;
 }
 
 // ---- Continuous batching against generate() ----
@@ -159,10 +172,10 @@ TEST(RequestParsing, EachBadFieldIsA400NamingIt) {
       {R"({"prompt": ["a", 5]})", "prompt"},
       {R"({"prompt": "abz"})", "prompt"},  // z is not in the vocabulary
       {R"({"prompt": ""})", "prompt"},
-      {"{\"prompt\": \"a\\udc00\"}", "prompt"},
+      {"{\"prompt\": \"a\\udc00\"}", ""},  // a lone surrogate: not valid JSON
       {R"({"prompt": "a", "temperature": -1})", "temperature"},
       {R"({"prompt": "a", "temperature": "nan"})", "temperature"},
-      {R"({"prompt": "a", "temperature": 1e400})", "temperature"},
+      {R"({"prompt": "a", "temperature": 1e400})", ""},  // out of double's range: not valid JSON for the parser
       {R"({"prompt": "a", "top_p": 0})", "top_p"},
       {R"({"prompt": "a", "top_p": 1.5})", "top_p"},
       {R"({"prompt": "a", "max_tokens": 1e30})", "max_tokens"},
@@ -184,7 +197,9 @@ TEST(RequestParsing, EachBadFieldIsA400NamingIt) {
     } catch (const serve::RequestError& e) {
       EXPECT_EQ(e.status, 400) << body;
       EXPECT_EQ(e.param, field) << body;
-      if (!field.empty()) EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      if (!field.empty()) {
+        EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      }
       const json b = e.body();
       EXPECT_TRUE(b["error"].contains("message") && b["error"].contains("type") && b["error"].contains("code")) << b;
     }
@@ -452,7 +467,9 @@ TEST_F(ServeHttp, BadInputGets4xxNamingTheFieldAndServingGoesOn) {
     const json e = json::parse(r.body, nullptr, false);
     ASSERT_FALSE(e.is_discarded()) << r.body;
     EXPECT_TRUE(e["error"].contains("message") && e["error"].contains("type") && e["error"].contains("code")) << r.body;
-    if (!field.empty()) EXPECT_EQ(e["error"]["param"], field) << r.body;
+    if (!field.empty()) {
+      EXPECT_EQ(e["error"]["param"], field) << r.body;
+    }
     EXPECT_EQ(curl("GET", server.url("/health")).status, 200) << "after " << body;
   }
   // a 100 MB body: refused from its length (413), whole or streamed in
@@ -544,6 +561,48 @@ TEST_F(ServeHttp, OpenAIPythonClient) {
   const std::string cmd = python + " " + NANOGPT_SOURCE_DIR + "/tests/serve_openai_client.py " + server.url("/v1") +
                           " k3y >" + path("openai.out") + " 2>&1";
   EXPECT_EQ(shell(cmd), 0) << read_text(path("openai.out"));
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// The playground page in headless Chromium: the prompt 床前明月光 filled in (from the address, as if
+// typed), the greedy text streamed into the page, each character shaded by the probability the
+// API's logprobs give it.
+TEST_F(ServeHttp, PlaygroundStreamsAndShadesByTheApisLogprobs) {
+  std::string browser;
+  for (const char* name : {"chromium", "chromium-browser", "google-chrome"})
+    if (browser.empty() && shell(std::string("command -v ") + name + " >/dev/null 2>&1") == 0) browser = name;
+  if (browser.empty()) GTEST_SKIP() << "no chromium on PATH (scripts/setup.sh installs it): browser check skipped";
+  ServerProcess server(dir_->path, out_dir());
+  ASSERT_GT(server.port(), 0) << server.log();
+  std::string encoded;
+  for (unsigned char c : kPrompt) encoded += fmt_percent(c);
+  const std::string page = server.url("/") + "#prompt=" + encoded + "&max_tokens=20&temperature=0&run";
+  const std::string flags = " --headless --no-sandbox --disable-gpu --hide-scrollbars --virtual-time-budget=30000 "
+                            "--user-data-dir=" + path("chromium-profile") + " ";
+  ASSERT_EQ(shell(browser + flags + "--dump-dom '" + page + "' >" + path("dom.html") + " 2>/dev/null"), 0);
+  const std::string dom = read_text(path("dom.html"));
+  const size_t begin = dom.find("id=\"greedy\"");
+  ASSERT_NE(begin, std::string::npos) << dom.substr(0, 2000);
+  const std::string column = dom.substr(begin, dom.find("</div>", begin) - begin);
+  EXPECT_NE(column.find("data-done=\"1\""), std::string::npos) << "the stream did not finish: " << column;
+  // <span class="tok" data-p="P" style="background-color: rgba(255, 140, 0, A);" data-tip="...">TEXT</span>
+  // (alpha 1 is serialised as rgb(...); a tip's quotes as &quot;)
+  const std::regex span("<span class=\"tok\" data-p=\"([0-9.]+)\" style=\"background-color: rgba?\\(255, 140, 0(?:, ([0-9.]+))?\\);?\" "
+                        "data-tip=\"[^\"]*\">([^<]*)</span>");
+  std::vector<std::tuple<double, double, std::string>> shown;
+  for (auto it = std::sregex_iterator(column.begin(), column.end(), span); it != std::sregex_iterator(); ++it)
+    shown.emplace_back(std::stod((*it)[1]), (*it)[2].matched ? std::stod((*it)[2]) : 1.0, (*it)[3]);
+  auto api = curl("POST", server.url("/v1/completions"),
+                  json{{"prompt", kPrompt}, {"max_tokens", 20}, {"temperature", 0}, {"logprobs", 0}}.dump());
+  ASSERT_EQ(api.status, 200) << api.body;
+  const json lp = json::parse(api.body)["choices"][0]["logprobs"];
+  ASSERT_EQ(shown.size(), lp["tokens"].size()) << column;
+  for (size_t i = 0; i < shown.size(); ++i) {
+    const double p = std::exp(lp["token_logprobs"][i].get<double>());
+    EXPECT_EQ(std::get<2>(shown[i]), html_escaped(lp["tokens"][i].get<std::string>())) << "token " << i;
+    EXPECT_NEAR(std::get<0>(shown[i]), p, 1e-5) << "token " << i;
+    EXPECT_NEAR(std::get<1>(shown[i]), 1 - p, 5e-3) << "token " << i;  // the shading: darker when less likely
+  }
   EXPECT_EQ(server.terminate(30), 0) << server.log();
 }
 
