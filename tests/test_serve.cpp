@@ -290,7 +290,9 @@ class ServeHttp : public ::testing::Test {
     auto c = tiny_config(d + "/cfg");
     c.dataset = d + "/data";
     c.out_dir = d + "/out";
-    c.max_iters = 10;
+    c.max_iters = 60;  // enough for probabilities that differ (the playground's shading)
+    c.eval_interval = 30;
+    c.lr_decay_iters = 60;
     std::ofstream(d + "/zh.yaml") << train::to_yaml(c);
     train_rc_ = shell(std::string(NANOGPT_BINARY) + " train " + d + "/zh.yaml >" + d + "/train.out 2>&1");
   }
@@ -585,10 +587,10 @@ TEST_F(ServeHttp, PlaygroundStreamsAndShadesByTheApisLogprobs) {
   ASSERT_NE(begin, std::string::npos) << dom.substr(0, 2000);
   const std::string column = dom.substr(begin, dom.find("</div>", begin) - begin);
   EXPECT_NE(column.find("data-done=\"1\""), std::string::npos) << "the stream did not finish: " << column;
-  // <span class="tok" data-p="P" style="background-color: rgba(255, 140, 0, A);" data-tip="...">TEXT</span>
+  // <span class="tok" data-p="P" data-tip="..." style="background-color: rgba(255, 140, 0, A);">TEXT</span>
   // (alpha 1 is serialised as rgb(...); a tip's quotes as &quot;)
-  const std::regex span("<span class=\"tok\" data-p=\"([0-9.]+)\" style=\"background-color: rgba?\\(255, 140, 0(?:, ([0-9.]+))?\\);?\" "
-                        "data-tip=\"[^\"]*\">([^<]*)</span>");
+  const std::regex span("<span class=\"tok\" data-p=\"([0-9.]+)\" data-tip=\"[^\"]*\" "
+                        "style=\"background-color: rgba?\\(255, 140, 0(?:, ([0-9.]+))?\\);?\">([^<]*)</span>");
   std::vector<std::tuple<double, double, std::string>> shown;
   for (auto it = std::sregex_iterator(column.begin(), column.end(), span); it != std::sregex_iterator(); ++it)
     shown.emplace_back(std::stod((*it)[1]), (*it)[2].matched ? std::stod((*it)[2]) : 1.0, (*it)[3]);
