@@ -11,7 +11,7 @@ server, not a client library.
 import argparse
 import http.client
 import json
-import statistics
+import sys
 import threading
 import time
 import urllib.parse
@@ -80,6 +80,8 @@ def run(url, clients, tokens, per_client, key):
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    for e in sorted(set(errors))[:3]:
+        print(f"  error with {clients} clients: {e}", file=sys.stderr)
     ttft = [a[0] - s for s, a, _ in results if a]
     itl = [b - a for _, arr, _ in results for a, b in zip(arr, arr[1:])]
     generated = sum(c for _, _, c in results)

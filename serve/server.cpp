@@ -3,9 +3,11 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -72,6 +74,14 @@ int64_t unix_time() {
 
 }  // namespace
 
+// cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+// library): a burst of clients connecting at once overflowed it, and some were reset. Calling
+// listen() again on the bound socket sets a deeper backlog (Linux allows it).
+class Listener : public httplib::Server {
+ public:
+  void deepen_backlog(int backlog) { ::listen(svr_sock_, backlog); }
+};
+
 struct Server::Impl {
   Impl(model::GPT& model, const data::Vocab& v, const ServerOptions& o, model::Quantize q)
       : vocab(v), options(o), batcher(model, v, o, metrics, q) {}
@@ -80,7 +90,7 @@ struct Server::Impl {
   ServerOptions options;
   Metrics metrics;
   Batcher batcher;
-  httplib::Server http;
+  Listener http;
   std::atomic<int64_t> open_streams{0};
   std::atomic<bool> stopping{false};
 
@@ -276,15 +286,18 @@ Server::~Server() {
 
 int Server::bind() {
   const auto& o = impl_->options;
+  const int backlog = static_cast<int>(std::min<int64_t>(4096, std::max<int64_t>(128, o.connections + o.queue)));
   if (o.port == 0) {
     const int port = impl_->http.bind_to_any_port(o.host);
     if (port <= 0) throw std::runtime_error(fmt::format("[serve] cannot listen on {} (is it an address of this machine?)", o.host));
+    impl_->http.deepen_backlog(backlog);
     return port;
   }
   if (!impl_->http.bind_to_port(o.host, o.port))
     throw std::runtime_error(fmt::format(
         "[serve] cannot listen on {}:{}: the port is taken or the address is not this machine's (try --port=0 for any free port)",
         o.host, o.port));
+  impl_->http.deepen_backlog(backlog);
   return o.port;
 }
 
