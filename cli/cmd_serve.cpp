@@ -28,6 +28,7 @@ struct ServeArgs {
   std::string ckpt;
   std::string api_key_file;
   std::string quantize = "none";
+  std::string dtype = "auto";
   int64_t num_threads = 0;
   serve::ServerOptions server;
 };
@@ -52,6 +53,8 @@ void run_serve(ServeArgs a) {
     if (value < 1) bad(fmt::format("{} ({}) must be >= 1", name, value));
   if (a.quantize != "none" && a.quantize != "int8" && a.quantize != "int4")
     bad("--quantize (" + a.quantize + ") must be none, int8 or int4");
+  if (a.dtype != "auto" && a.dtype != "float32" && a.dtype != "bfloat16")
+    bad("--dtype (" + a.dtype + ") must be auto, float32 or bfloat16");
   o.write_timeout_s = o.read_timeout_s;
 
   // SIGINT and SIGTERM go to one watcher thread (blocked here, before any thread starts, so every
@@ -64,6 +67,7 @@ void run_serve(ServeArgs a) {
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error from send(), not the end of the program
 
   runtime::set_threads(a.num_threads);
+  o.bf16 = runtime::resolve_dtype(a.dtype, torch::kCPU) == "bfloat16";  // auto: as `sample` on this CPU
   auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), torch::kCPU);
   const auto quantize = a.quantize == "int8" ? model::Quantize::int8
                         : a.quantize == "int4" ? model::Quantize::int4 : model::Quantize::none;
@@ -80,9 +84,9 @@ void run_serve(ServeArgs a) {
                  signal == SIGINT ? "interrupted" : "terminated", o.drain_timeout_s);
     server.stop();
   });
-  std::fprintf(stderr, "[serve] %s (%lld parameters, vocabulary of %lld) on http://%s:%d | %lld slots | %s\n",
+  std::fprintf(stderr, "[serve] %s (%lld parameters, vocabulary of %lld, %s) on http://%s:%d | %lld slots | %s\n",
                loaded.path.c_str(), static_cast<long long>(loaded.model->num_params()),
-               static_cast<long long>(loaded.vocab.size()), o.host.c_str(), port, static_cast<long long>(o.parallel),
+               static_cast<long long>(loaded.vocab.size()), o.bf16 ? "bfloat16" : "float32", o.host.c_str(), port, static_cast<long long>(o.parallel),
                o.api_key.empty() ? "no API key" : "API key required");
   if (o.api_key.empty() && o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1")
     std::fprintf(stderr, "[serve] warning: listening on %s without an API key: anyone who can reach it can use it\n",
@@ -119,6 +123,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--timeout", o.read_timeout_s, "Seconds a client may stay silent (reading or writing) before it is dropped")
       ->capture_default_str();
   cmd->add_option("--quantize", a->quantize, "none | int8 | int4: the decoder's weights, as `sample --quantize`")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype,
+                  "float32 | bfloat16 (CPU autocast: the products in bfloat16) | auto (bfloat16 where the CPU multiplies it "
+                  "in hardware, as `sample`)")
+      ->capture_default_str();
   cmd->add_option("--num_threads", a->num_threads, "CPU threads for the model; 0 = all cores")->capture_default_str();
   for (auto* option : cmd->get_options()) option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->callback([a] { run_serve(*a); });

@@ -9,6 +9,8 @@
 #include <numeric>
 #include <random>
 
+#include "runtime/device.h"
+
 namespace nanogpt::serve {
 
 using Clock = std::chrono::steady_clock;
@@ -134,6 +136,8 @@ void Batcher::finish(Choice& c, const std::string& reason) {
 }
 
 void Batcher::loop() {
+  // Autocast is per thread: this one runs the model (the decoder packs its weights in bf16 under it).
+  runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, options_.bf16);
   std::vector<std::unique_ptr<Choice>> active;
   while (true) {
     {

@@ -23,6 +23,7 @@ struct ServerOptions {
   int64_t read_timeout_s = 10;            // a client that sends nothing for this long is dropped
   int64_t write_timeout_s = 10;           // a client that reads nothing for this long is dropped
   double drain_timeout_s = 5.0;           // on SIGTERM: streams in flight end within this
+  bool bf16 = false;                      // the model's products in bfloat16 (CPU autocast, as `sample --dtype=bfloat16`)
 };
 
 }  // namespace nanogpt::serve
