@@ -14,6 +14,7 @@ void add_plot_command(CLI::App& app);       // cmd_plot.cpp
 void add_export_command(CLI::App& app);     // cmd_export.cpp
 void add_bench_command(CLI::App& app);      // cmd_bench.cpp
 void add_import_command(CLI::App& app);     // cmd_import.cpp
+void add_serve_command(CLI::App& app);      // cmd_serve.cpp
 
 /// Exit status a subcommand wants when it ends without an error (e.g. 130 after Ctrl-C).
 int& exit_status();

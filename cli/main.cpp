@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   add_export_command(app);
   add_import_command(app);
   add_bench_command(app);
+  add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -331,4 +331,87 @@ std::vector<Beam> beam_search(GPT& model, const std::vector<int64_t>& prompt, in
   return done;
 }
 
+struct SequenceStepper::State {
+  State(GPT& m, Quantize q) : model(m), sampling(m), quantize(q) {}
+  GPT& model;
+  SamplingMode sampling;
+  Quantize quantize;
+  std::unique_ptr<Decoder> decoder;  // made at the first one-position step, when the model supports it
+  bool decoder_tried = false;
+};
+
+SequenceStepper::SequenceStepper(GPT& model, Quantize quantize) : state_(std::make_unique<State>(model, quantize)) {
+  if (quantize != Quantize::none && !decoder_supports(*model))
+    throw std::invalid_argument(
+        "[sample] quantized weights run in the CPU decoder: it needs the model on the CPU in float32 or bfloat16");
+}
+
+SequenceStepper::~SequenceStepper() = default;
+
+SequenceStepper::Step SequenceStepper::step(const std::vector<Sequence*>& batch) {
+  if (batch.empty()) throw std::invalid_argument("[sample] a step needs at least one sequence");
+  for (auto* s : batch) {
+    if (s == nullptr || s->tokens.empty())
+      throw std::invalid_argument("[sample] every sequence needs at least one token (its prompt)");
+    s->options.validate();
+  }
+  c10::InferenceMode inference;
+  GPT& model = state_->model;
+  const auto device = model->parameters().front().device();
+  const int64_t B = static_cast<int64_t>(batch.size()), block = model->config().block_size;
+  const bool rope = model->config().pos_encoding == "rope";
+  // As ContextRunner: one new position on a primed cache (or a one-token prompt) while that is what
+  // a recompute would see, else a prefill of the window.
+  std::vector<int64_t> one, prefill;  // rows of each kind
+  for (int64_t b = 0; b < B; ++b) {
+    Sequence& s = *batch[b];
+    const int64_t total = static_cast<int64_t>(s.tokens.size());
+    const bool sliding = rope && !s.options.exact_window;
+    const bool primed = s.cache.length() == total - 1 && (total > 1 || s.cache.length() == 0);
+    if (total == 1) s.cache.clear();
+    (primed && (sliding || total <= block) ? one : prefill).push_back(b);
+  }
+  if (!one.empty() && !state_->decoder_tried) {
+    state_->decoder_tried = true;
+    if (decoder_supports(*model)) state_->decoder = std::make_unique<Decoder>(*model, state_->quantize);
+  }
+  std::vector<torch::Tensor> rows(B);  // each row's logits (V,)
+  auto last_token = [&](int64_t b) { return batch[b]->tokens.back(); };
+  if (!one.empty() && state_->decoder) {
+    auto tokens = torch::empty({static_cast<int64_t>(one.size())}, torch::kLong);  // (n,)
+    int64_t* token = tokens.data_ptr<int64_t>();
+    std::vector<KVCache*> caches;
+    for (size_t i = 0; i < one.size(); ++i) {
+      token[i] = last_token(one[i]);
+      caches.push_back(&batch[one[i]]->cache);
+    }
+    auto logits = state_->decoder->step(tokens, caches);  // (n, V)
+    for (size_t i = 0; i < one.size(); ++i) rows[one[i]] = logits[i];
+  } else {
+    for (int64_t b : one)
+      rows[b] = model->forward_cached(torch::tensor({last_token(b)}, torch::kLong).view({1, 1}).to(device),
+                                      batch[b]->cache)[0];
+  }
+  for (int64_t b : prefill) {
+    Sequence& s = *batch[b];
+    const int64_t total = static_cast<int64_t>(s.tokens.size()), start = std::max<int64_t>(0, total - block);
+    auto window = torch::tensor(std::vector<int64_t>(s.tokens.begin() + start, s.tokens.end()), torch::kLong);
+    s.cache.clear();
+    rows[b] = model->forward_cached(window.view({1, -1}).to(device), s.cache)[0];  // (V,)
+  }
+  auto logits = torch::stack(rows).to(torch::kCPU, torch::kFloat).contiguous();  // (B, V)
+  const float* p = logits.data_ptr<float>();
+  if (!std::all_of(p, p + logits.numel(), [](float v) { return std::isfinite(v); }))
+    throw std::runtime_error(
+        "[sample] the model gave non-finite logits (NaN or inf): its weights are damaged or training diverged "
+        "(check the run's val loss; sample an earlier checkpoint)");
+  auto probs = torch::empty_like(logits);  // (B, V)
+  for (int64_t b = 0; b < B; ++b) {
+    Sequence& s = *batch[b];
+    probs[b].copy_(filtered_probs(logits[b], s.options));
+    s.tokens.push_back(draw_token(probs[b], s.rng));
+  }
+  return {logits, probs};
+}
+
 }  // namespace nanogpt::model

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -67,6 +68,42 @@ using TokenCallback = std::function<bool(const std::vector<int64_t>& new_tokens,
 std::vector<std::vector<int64_t>> generate(GPT& model, const std::vector<int64_t>& prompt, int64_t batch,
                                            int64_t max_new_tokens, const SamplingOptions& options,
                                            std::mt19937_64& rng, const TokenCallback& on_token = nullptr);
+
+/// One sequence among others that come and go (continuous batching: `nanogpt serve`): its tokens so
+/// far, its own KV cache, its sampling options and its own random stream.
+struct Sequence {
+  std::vector<int64_t> tokens;  // prompt (non-empty) + generated
+  SamplingOptions options;      // use_cache and quantize are the stepper's: a sequence always has its cache
+  std::mt19937_64 rng;
+  KVCache cache;                // filled by the stepper; empty for a new sequence
+};
+
+/// Steps a changing set of sequences one token each. Every step, the sequences that have only one
+/// new position go through the decoder together (model/fast/decoder.h: one pass over the weights
+/// for all of them, each at its own position and cache); a new sequence's prompt, or a window that
+/// moved, is a prefill through the general path on its own, as in generate(). A sequence's tokens
+/// are therefore those generate() draws for it with the same options and random stream, whatever
+/// else is in the batch. Holds the model in eval mode for its lifetime; one thread at a time.
+class SequenceStepper {
+ public:
+  explicit SequenceStepper(GPT& model, Quantize quantize = Quantize::none);
+  ~SequenceStepper();
+  SequenceStepper(const SequenceStepper&) = delete;
+  SequenceStepper& operator=(const SequenceStepper&) = delete;
+
+  struct Step {
+    torch::Tensor logits;  // (B, V) fp32 CPU: the model's, before temperature (for log-probabilities)
+    torch::Tensor probs;   // (B, V) fp32 CPU: what each new token was drawn from (after its row's filters)
+  };
+  /// Draws one token for each sequence (non-empty) and appends it to its tokens. Throws
+  /// std::invalid_argument for a bad sequence (empty, bad options) and std::runtime_error for
+  /// non-finite logits, as generate().
+  Step step(const std::vector<Sequence*>& batch);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 /// One result of beam search.
 struct Beam {

@@ -15,9 +15,10 @@ source scripts/env.sh
 # for training on several CPU processes (the Gloo library itself is inside LibTorch).
 # libtcmalloc-minimal4: the nanogpt program's malloc (runtime/host_memory.h: less memory when training).
 # g++-aarch64-linux-gnu: the suite compiles the hand-written kernels for 64-bit Arm too.
+# libcpp-httplib-dev: the HTTP server of `nanogpt serve`; curl: its tests drive it as a client would.
 packages=(cmake g++ ninja-build python3 python3-venv libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev
           libcli11-dev nlohmann-json3-dev libcairo2-dev libpango1.0-dev fonts-dejavu-core fonts-wqy-zenhei
-          chromium libgloo-dev libtcmalloc-minimal4 g++-aarch64-linux-gnu)
+          chromium libgloo-dev libtcmalloc-minimal4 g++-aarch64-linux-gnu libcpp-httplib-dev curl)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -70,3 +71,10 @@ else
   fi
 fi
 "$NANOGPT_PYTHON" -c "import torch; print('[setup] LibTorch', torch.__version__, '(CUDA', str(torch.version.cuda) + ')', 'at', torch.utils.cmake_prefix_path)"
+
+# The openai client: the serving tests drive `nanogpt serve` with it (they skip, saying why, without it).
+if ! "$NANOGPT_PYTHON" -c 'import openai' 2>/dev/null; then
+  echo "[setup] installing the openai client into $NANOGPT_VENV"
+  "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check openai ||
+    echo "[setup] warning: could not install openai (offline?): the serving tests that use it will skip" >&2
+fi

@@ -1042,24 +1042,45 @@ void Decoder::ensure_int8_cache(torch::Tensor& k, torch::Tensor& v, int64_t B, i
   v = values;
 }
 
-torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
+torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) { return run(tokens, &cache, nullptr); }
+
+torch::Tensor Decoder::step(const torch::Tensor& tokens, const std::vector<KVCache*>& caches) {
+  if (tokens.dim() == 1 && static_cast<int64_t>(caches.size()) != tokens.size(0))
+    throw std::invalid_argument(fmt::format("[model] {} tokens for {} caches: the decoder takes one token per cache",
+                                            tokens.size(0), caches.size()));
+  for (auto* cache : caches)
+    if (cache == nullptr) throw std::invalid_argument("[model] a null KV cache among the decoder's sequences");
+  return run(tokens, nullptr, &caches);
+}
+
+torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const std::vector<KVCache*>* own) {
   if (tokens.dim() != 1 || tokens.size(0) < 1 || tokens.scalar_type() != torch::kLong || !tokens.device().is_cpu())
     throw std::invalid_argument("[model] the decoder takes one int64 token per sequence on the CPU, (B,)");
-  const int64_t B = tokens.size(0), pos = cache.length(), block = config_.block_size, V = config_.vocab_size;
-  if (pos >= block && !rope_)
-    throw std::invalid_argument(fmt::format(
-        "[model] the KV cache holds {} positions and block_size is {}: learned and sinusoidal positions end at "
-        "block_size (clear the cache and recompute the window)",
-        pos, block));
+  const int64_t B = tokens.size(0), block = config_.block_size, V = config_.vocab_size;
+  const int64_t rows = own ? B : 1;  // caches: one of batch B, or B of batch 1
+  const auto cache_of = [&](int64_t r) -> KVCache& { return own ? *(*own)[r] : *shared; };
+  std::vector<int64_t> positions(B);  // each row's new position
+  for (int64_t b = 0; b < B; ++b) positions[b] = cache_of(own ? b : 0).length();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t pos = cache_of(r).length();
+    if (pos >= block && !rope_)
+      throw std::invalid_argument(fmt::format(
+          "[model] the KV cache holds {} positions and block_size is {}: learned and sinusoidal positions end at "
+          "block_size (clear the cache and recompute the window)",
+          pos, block));
+  }
   auto ids = tokens.contiguous();
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     if (id[b] < 0 || id[b] >= V)
       throw std::invalid_argument(fmt::format("[model] token id {} is outside the vocabulary (0 .. {})", id[b], V - 1));
-  if (static_cast<int64_t>(cache.k.size()) != config_.n_layer) {
-    if (pos > 0) throw std::invalid_argument("[model] the KV cache was made for another model");
-    cache.k.assign(config_.n_layer, torch::Tensor());
-    cache.v.assign(config_.n_layer, torch::Tensor());
+  for (int64_t r = 0; r < rows; ++r) {
+    KVCache& cache = cache_of(r);
+    if (static_cast<int64_t>(cache.k.size()) != config_.n_layer) {
+      if (cache.length() > 0) throw std::invalid_argument("[model] the KV cache was made for another model");
+      cache.k.assign(config_.n_layer, torch::Tensor());
+      cache.v.assign(config_.n_layer, torch::Tensor());
+    }
   }
   const auto t0 = std::chrono::steady_clock::now();
   const bool parallel = at::get_num_threads() > 1 && threads_.use_threads();
@@ -1084,22 +1105,30 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
   // Embed: the token's row of wte plus the position's row of wpe or the sinusoidal table.
   for (int64_t b = 0; b < B; ++b) {
     wte_.row(id[b], C, x + b * C);
-    if (wpe_) wpe_.add_row(pos, C, x + b * C);
-    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr, {}, {}}.add_row(pos, C, x + b * C);
+    if (wpe_) wpe_.add_row(positions[b], C, x + b * C);
+    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr, {}, {}}.add_row(positions[b], C, x + b * C);
   }
-  const float* cos2 = rope_ ? rope_->cos2_row(pos) : nullptr;
-  const float* sin2 = rope_ ? rope_->sin2_row(pos) : nullptr;
+  std::vector<const float*> cos2(rows, nullptr), sin2(rows, nullptr);  // each cache's RoPE rows
+  for (int64_t r = 0; r < rows && rope_; ++r) {
+    cos2[r] = rope_->cos2_row(positions[r]);
+    sin2[r] = rope_->sin2_row(positions[r]);
+  }
   const double qk_eps = config_.qk_norm ? CausalSelfAttentionImpl::qk_norm_eps : 0.0;
-  std::vector<void*> k_cache(config_.n_layer), v_cache(config_.n_layer);  // fp32, bf16 with bf16_, int8 with kv_int8_
+  // Layer i's caches at [i * rows + r]: fp32, bf16 with bf16_, int8 with kv_int8_.
+  std::vector<void*> k_cache(config_.n_layer * rows), v_cache(config_.n_layer * rows);
   for (int64_t i = 0; i < config_.n_layer; ++i) {  // everything that may throw, before the parallel region
-    if (kv_int8_) {
-      ensure_int8_cache(cache.k[i], cache.v[i], B, pos);
-    } else {
-      ensure_cache(cache.k[i], B, pos);
-      ensure_cache(cache.v[i], B, pos);
+    for (int64_t r = 0; r < rows; ++r) {
+      KVCache& cache = cache_of(r);
+      const int64_t batch = own ? 1 : B, pos = positions[r];
+      if (kv_int8_) {
+        ensure_int8_cache(cache.k[i], cache.v[i], batch, pos);
+      } else {
+        ensure_cache(cache.k[i], batch, pos);
+        ensure_cache(cache.v[i], batch, pos);
+      }
+      k_cache[i * rows + r] = cache.k[i].data_ptr();
+      v_cache[i * rows + r] = cache.v[i].data_ptr();
     }
-    k_cache[i] = cache.k[i].data_ptr();
-    v_cache[i] = cache.v[i].data_ptr();
   }
   auto logits = torch::empty({B, V}, torch::kFloat);  // (B, V)
   float* out = logits.data_ptr<float>();
@@ -1149,15 +1178,28 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
       barrier();
       // The caches as their dtype's bits. g0 and g1 are copied in: C++17 lets a lambda capture a
       // structured binding only this way (g++ accepts a plain capture, clang rejects it).
-      const auto attend = [&, g0 = g0, g1 = g1](auto* kc, auto* vc) {
-        decode_attention_groups(qkv, kc, vc, att, block, hs_, pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1,
-                                scratch);
+      // Items g0 .. g1 of the batch's B * nkv kv heads: in one shared cache, or item b * nkv + j as
+      // kv head j of row b's own cache (its item j, at its own position).
+      const auto attend_items = [&](int64_t r, const float* in, float* y, int64_t begin, int64_t end) {
+        void *kc = k_cache[i * rows + r], *vc = v_cache[i * rows + r];
+        if (kv_int8_)
+          decode_attention_groups_int8(in, static_cast<uint8_t*>(kc), static_cast<uint8_t*>(vc), y, block, hs_,
+                                       positions[r], config_.n_head, nkv_, cos2[r], sin2[r], qk_eps, begin, end, scratch);
+        else if (bf16_)
+          decode_attention_groups(in, static_cast<uint16_t*>(kc), static_cast<uint16_t*>(vc), y, block, hs_,
+                                  positions[r], config_.n_head, nkv_, cos2[r], sin2[r], qk_eps, begin, end, scratch);
+        else
+          decode_attention_groups(in, static_cast<float*>(kc), static_cast<float*>(vc), y, block, hs_, positions[r],
+                                  config_.n_head, nkv_, cos2[r], sin2[r], qk_eps, begin, end, scratch);
       };
-      if (kv_int8_)
-        decode_attention_groups_int8(qkv, static_cast<uint8_t*>(k_cache[i]), static_cast<uint8_t*>(v_cache[i]), att,
-                                     block, hs_, pos, config_.n_head, nkv_, cos2, sin2, qk_eps, g0, g1, scratch);
-      else if (bf16_) attend(static_cast<uint16_t*>(k_cache[i]), static_cast<uint16_t*>(v_cache[i]));
-      else attend(static_cast<float*>(k_cache[i]), static_cast<float*>(v_cache[i]));
+      if (!own) {
+        attend_items(0, qkv, att, g0, g1);
+      } else {
+        for (int64_t g = g0; g < g1; ++g) {
+          const int64_t b = g / nkv_, j = g % nkv_;
+          attend_items(b, qkv + b * qkv_width_, att + b * C, j, j + 1);
+        }
+      }
       barrier();
       l.o_w.rows(att, C, B, C, c0, c1, x, C, /*accumulate=*/true);  // the residual add, in place
       add_bias(l.o_b, B, c0, c1, x, C);
@@ -1189,7 +1231,7 @@ torch::Tensor Decoder::step(const torch::Tensor& tokens, KVCache& cache) {
     if (measured) busy_[tid] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - waited;
   }
   if (split_measured) split_.update(busy_.data());  // every thread of the team wrote its busy time
-  cache.len = pos + 1;
+  for (int64_t r = 0; r < rows; ++r) cache_of(r).len = positions[r] + 1;
   threads_.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return logits;
 }

@@ -73,7 +73,16 @@ class Decoder {
   /// position the model cannot take.
   torch::Tensor step(const torch::Tensor& tokens, KVCache& cache);
 
+  /// The same for sequences that each have a cache of their own (batch 1): row b's token goes at
+  /// position caches[b]->length(), so sequences of different lengths share every product's pass
+  /// over the weights (continuous batching: `nanogpt serve`). Row b's logits are the same as
+  /// stepping it alone: its products, norms and attention are computed as for a batch of one.
+  torch::Tensor step(const torch::Tensor& tokens, const std::vector<KVCache*>& caches);
+
  private:
+  /// Both steps: `shared` (batch B, every row at its length) or `own` (B caches of batch 1).
+  torch::Tensor run(const torch::Tensor& tokens, KVCache* shared, const std::vector<KVCache*>* own);
+
   /// A weight matrix (rows, cols) row-major, in packed_ (fp32), packed_bf16_ (bf16 bits) or
   /// packed_int8_ (int8: its bytes, with the row scales in packed_; int4: its Int4Tiles): one of
   /// the four set.

@@ -1,0 +1,135 @@
+// nanogpt serve: sample from a checkpoint over HTTP (OpenAI's /v1/completions, streaming, a
+// playground page), many clients at once through continuous batching. The work is in serve/.
+#include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "cli/commands.h"
+#include "io/atomic_file.h"
+#include "runtime/device.h"
+#include "serve/server.h"
+#include "train/checkpoint.h"
+
+namespace nanogpt::cli {
+namespace {
+
+struct ServeArgs {
+  std::string out_dir = "out";
+  std::string ckpt;
+  std::string api_key_file;
+  std::string quantize = "none";
+  std::string dtype = "auto";
+  int64_t num_threads = 0;
+  serve::ServerOptions server;
+};
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+void run_serve(ServeArgs a) {
+  auto bad = [](const std::string& m) { throw std::invalid_argument("[serve] " + m); };
+  auto& o = a.server;
+  if (!a.api_key_file.empty()) {
+    if (!o.api_key.empty()) bad("give --api_key or --api_key_file, not both");
+    o.api_key = trimmed(io::read_file(a.api_key_file, "serve"));
+    if (o.api_key.empty()) bad("--api_key_file '" + a.api_key_file + "' is empty: put the key on its first line");
+  }
+  if (o.port < 0 || o.port > 65535) bad(fmt::format("--port ({}) must be in [0, 65535] (0 = any free port)", o.port));
+  for (auto [name, value] : {std::pair{"--parallel", o.parallel}, {"--queue", o.queue}, {"--max_body_bytes", o.max_body_bytes},
+                             {"--max_prompt_tokens", o.max_prompt_tokens}, {"--max_tokens", o.max_tokens},
+                             {"--max_n", o.max_n}, {"--connections", o.connections}, {"--timeout", o.read_timeout_s}})
+    if (value < 1) bad(fmt::format("{} ({}) must be >= 1", name, value));
+  if (a.quantize != "none" && a.quantize != "int8" && a.quantize != "int4")
+    bad("--quantize (" + a.quantize + ") must be none, int8 or int4");
+  if (a.dtype != "auto" && a.dtype != "float32" && a.dtype != "bfloat16")
+    bad("--dtype (" + a.dtype + ") must be auto, float32 or bfloat16");
+  o.write_timeout_s = o.read_timeout_s;
+
+  // SIGINT and SIGTERM go to one watcher thread (blocked here, before any thread starts, so every
+  // thread inherits the mask): it stops the server, which ends the streams in flight, and main exits 0.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error from send(), not the end of the program
+
+  runtime::set_threads(a.num_threads);
+  o.bf16 = runtime::resolve_dtype(a.dtype, torch::kCPU) == "bfloat16";  // auto: as `sample` on this CPU
+  auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), torch::kCPU);
+  const auto quantize = a.quantize == "int8" ? model::Quantize::int8
+                        : a.quantize == "int4" ? model::Quantize::int4 : model::Quantize::none;
+  if (o.model_name.empty()) o.model_name = std::filesystem::path(loaded.path).parent_path().filename().string();
+  if (o.model_name.empty()) o.model_name = "nanogpt";
+  serve::Server server(loaded.model, loaded.vocab, o, quantize);
+  const int port = server.bind();
+  std::atomic<bool> running{true};
+  std::thread watcher([&] {
+    int signal = 0;
+    sigwait(&stop_signals, &signal);
+    if (!running.exchange(false)) return;  // woken by main: the server ended on its own
+    std::fprintf(stderr, "[serve] %s: stopping (streams in flight end within %.0f s)\n",
+                 signal == SIGINT ? "interrupted" : "terminated", o.drain_timeout_s);
+    server.stop();
+  });
+  std::fprintf(stderr, "[serve] %s (%lld parameters, vocabulary of %lld, %s) on http://%s:%d | %lld slots | %s\n",
+               loaded.path.c_str(), static_cast<long long>(loaded.model->num_params()),
+               static_cast<long long>(loaded.vocab.size()), o.bf16 ? "bfloat16" : "float32", o.host.c_str(), port, static_cast<long long>(o.parallel),
+               o.api_key.empty() ? "no API key" : "API key required");
+  if (o.api_key.empty() && o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1")
+    std::fprintf(stderr, "[serve] warning: listening on %s without an API key: anyone who can reach it can use it\n",
+                 o.host.c_str());
+  std::fflush(stderr);
+  server.run();
+  if (running.exchange(false)) kill(getpid(), SIGTERM);  // (still blocked in every thread: wakes the watcher)
+  watcher.join();
+  std::fprintf(stderr, "[serve] stopped\n");
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "serve", "Serve a checkpoint over HTTP: OpenAI's /v1/completions (streaming), a playground page at /, many clients at once");
+  auto a = std::make_shared<ServeArgs>();
+  auto& o = a->server;
+  o.model_name.clear();  // from the checkpoint's folder unless given
+  cmd->add_option("--out_dir", a->out_dir, "Training folder: reads ckpt_best.safetensors, else ckpt_last.safetensors")->capture_default_str();
+  cmd->add_option("--ckpt", a->ckpt, "A checkpoint file (instead of --out_dir)");
+  cmd->add_option("--host", o.host, "Address to listen on (0.0.0.0: every interface; set an API key then)")->capture_default_str();
+  cmd->add_option("--port", o.port, "Port; 0 = any free port (printed)")->capture_default_str();
+  cmd->add_option("--api_key", o.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health and the page");
+  cmd->add_option("--api_key_file", a->api_key_file, "Read the API key from this file's first line (keeps it out of `ps`)");
+  cmd->add_option("--model_name", o.model_name, "The model's id in /v1/models (default: the checkpoint's folder name)");
+  cmd->add_option("--parallel", o.parallel, "Slots: sequences generated together, one batched step per token")->capture_default_str();
+  cmd->add_option("--queue", o.queue, "Sequences that may wait for a slot; beyond it 503 with Retry-After")->capture_default_str();
+  cmd->add_option("--max_body_bytes", o.max_body_bytes, "Largest request body (413 beyond)")->capture_default_str();
+  cmd->add_option("--max_prompt_tokens", o.max_prompt_tokens, "Longest prompt, in characters")->capture_default_str();
+  cmd->add_option("--max_tokens", o.max_tokens, "Most tokens one request may ask for")->capture_default_str();
+  cmd->add_option("--max_n", o.max_n, "Most choices (n) per prompt")->capture_default_str();
+  cmd->add_option("--connections", o.connections, "Connections served at once (their threads)")->capture_default_str();
+  cmd->add_option("--timeout", o.read_timeout_s, "Seconds a client may stay silent (reading or writing) before it is dropped")
+      ->capture_default_str();
+  cmd->add_option("--quantize", a->quantize, "none | int8 | int4: the decoder's weights, as `sample --quantize`")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype,
+                  "float32 | bfloat16 (CPU autocast: the products in bfloat16) | auto (bfloat16 where the CPU multiplies it "
+                  "in hardware, as `sample`)")
+      ->capture_default_str();
+  cmd->add_option("--num_threads", a->num_threads, "CPU threads for the model; 0 = all cores")->capture_default_str();
+  for (auto* option : cmd->get_options()) option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->callback([a] { run_serve(*a); });
+}
+
+}  // namespace nanogpt::cli

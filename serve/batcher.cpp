@@ -1,0 +1,284 @@
+// Continuous batching (see batcher.h).
+#include "serve/batcher.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "runtime/device.h"
+
+namespace nanogpt::serve {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- Job ----
+
+bool Job::wait_events(std::vector<ChoiceEvent>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ready_.wait_for(lock, timeout, [&] { return !events_.empty() || open_choices_ == 0; });
+  out.clear();
+  out.swap(events_);
+  return !out.empty() || open_choices_ > 0;
+}
+
+std::string Job::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+void Job::push(ChoiceEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (event.finish) --open_choices_;
+    events_.push_back(std::move(event));
+  }
+  ready_.notify_all();
+}
+
+void Job::fail(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  error_ = message;
+}
+
+// ---- Batcher ----
+
+struct Batcher::Choice {
+  std::shared_ptr<Job> job;
+  int64_t index = 0;
+  model::Sequence seq;
+  int64_t prompt_tokens = 0, max_tokens = 0, generated = 0;
+  std::vector<std::string> stop;
+  std::optional<int64_t> logprobs;
+  std::string text;                 // generated so far
+  size_t sent = 0;                  // bytes of `text` handed to the job
+  std::vector<TokenInfo> pending;   // tokens of text[sent ..), not yet handed over
+  Clock::time_point arrived, last_token;
+};
+
+Batcher::Batcher(model::GPT& model, const data::Vocab& vocab, const ServerOptions& options, Metrics& metrics,
+                 model::Quantize quantize)
+    : model_(model), vocab_(vocab), options_(options), metrics_(metrics), quantize_(quantize),
+      stepper_(std::make_unique<model::SequenceStepper>(model, quantize)) {  // throws here, not in the thread
+  thread_ = std::thread([this] { loop(); });
+}
+
+Batcher::~Batcher() {
+  stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Batcher::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+}
+
+int64_t Batcher::queued() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+std::shared_ptr<Job> Batcher::submit(const CompletionRequest& request) {
+  auto job = std::make_shared<Job>();
+  std::vector<std::unique_ptr<Choice>> choices;
+  const auto now = Clock::now();
+  std::random_device entropy;
+  const uint64_t base_seed = request.seed ? *request.seed : (static_cast<uint64_t>(entropy()) << 32 | entropy());
+  for (size_t p = 0; p < request.prompts.size(); ++p) {
+    for (int64_t i = 0; i < request.n; ++i) {
+      auto c = std::make_unique<Choice>();
+      c->job = job;
+      c->index = static_cast<int64_t>(p) * request.n + i;
+      c->seq.tokens = request.prompts[p];
+      c->seq.options = request.sampling;
+      c->seq.rng.seed(base_seed + static_cast<uint64_t>(c->index));
+      c->prompt_tokens = static_cast<int64_t>(request.prompts[p].size());
+      c->max_tokens = request.max_tokens;
+      c->stop = request.stop;
+      c->logprobs = request.logprobs;
+      c->arrived = c->last_token = now;
+      choices.push_back(std::move(c));
+    }
+  }
+  job->open_choices_ = static_cast<int64_t>(choices.size());
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) throw RequestError(503, "the server is shutting down", "", "shutting_down", "server_error");
+    if (static_cast<int64_t>(queue_.size() + choices.size()) > options_.queue)
+      throw RequestError(503,
+                         fmt::format("the queue is full ({} sequences waiting for {} slots): retry shortly",
+                                     queue_.size(), options_.parallel),
+                         "", "queue_full", "server_error");
+    for (auto& c : choices) queue_.push_back(std::move(c));
+  }
+  wake_.notify_all();
+  return job;
+}
+
+void Batcher::finish(Choice& c, const std::string& reason) {
+  ChoiceEvent event;
+  event.index = c.index;
+  if (reason != "stop") {  // "length" and "abort" hand over what was held back for a stop string
+    event.text = c.text.substr(c.sent);
+    event.tokens = std::move(c.pending);
+  }
+  event.finish = reason;
+  event.generated = c.generated;
+  c.job->push(std::move(event));
+  metrics_.finished(std::chrono::duration<double>(Clock::now() - c.arrived).count());
+  metrics_.tokens(c.prompt_tokens, c.generated);
+}
+
+void Batcher::loop() {
+  // Autocast is per thread: this one runs the model (the decoder packs its weights in bf16 under it).
+  runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, options_.bf16);
+  std::vector<std::unique_ptr<Choice>> active;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
+      if (stopping_) {
+        for (auto& c : active) finish(*c, "abort");
+        for (auto& c : queue_) finish(*c, "abort");
+        active.clear();
+        queue_.clear();
+        busy_ = 0;
+        return;
+      }
+      while (static_cast<int64_t>(active.size()) < options_.parallel && !queue_.empty()) {  // join between steps
+        active.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    // Leave at once: cancelled (the client went away) and nothing-to-generate choices.
+    active.erase(std::remove_if(active.begin(), active.end(),
+                                [&](std::unique_ptr<Choice>& c) {
+                                  if (c->job->cancelled()) {
+                                    finish(*c, "abort");
+                                    return true;
+                                  }
+                                  if (c->max_tokens == 0) {
+                                    finish(*c, "length");
+                                    return true;
+                                  }
+                                  return false;
+                                }),
+                 active.end());
+    busy_ = static_cast<int64_t>(active.size());
+    if (!active.empty()) step(active, *stepper_);
+    busy_ = static_cast<int64_t>(active.size());
+  }
+}
+
+namespace {
+
+// Where the earliest stop string starts in `text` at or after `from`, or npos.
+size_t find_stop(const std::string& text, const std::vector<std::string>& stops, size_t from) {
+  size_t best = std::string::npos;
+  for (const auto& s : stops) {
+    const size_t start = from >= s.size() - 1 ? from - (s.size() - 1) : 0;  // a stop may begin in text already sent
+    const size_t at = text.find(s, start);
+    if (at != std::string::npos && (best == std::string::npos || at < best)) best = at;
+  }
+  return best;
+}
+
+// Bytes at the end of `text` that could be the start of a stop string: held back until it is clear.
+size_t held_back(const std::string& text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const auto& s : stops)
+    for (size_t k = std::min(s.size() - 1, text.size()); k > hold; --k)
+      if (text.compare(text.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+  return hold;
+}
+
+}  // namespace
+
+void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::SequenceStepper& stepper) {
+  std::vector<model::Sequence*> batch;
+  for (auto& c : active) batch.push_back(&c->seq);
+  model::SequenceStepper::Step out;
+  try {
+    out = stepper.step(batch);
+  } catch (const std::exception& e) {  // the model failed (non-finite logits): every choice of this step ends
+    for (auto& c : active) {
+      c->job->fail(e.what());
+      finish(*c, "abort");
+    }
+    active.clear();
+    return;
+  }
+  const auto now = Clock::now();
+  const int64_t V = out.logits.size(1);
+  const float* all_logits = out.logits.data_ptr<float>();
+  std::vector<int64_t> order(V);
+  std::vector<std::unique_ptr<Choice>> still;
+  for (size_t b = 0; b < active.size(); ++b) {
+    Choice& c = *active[b];
+    const int64_t token = c.seq.tokens.back();
+    const float* row = all_logits + b * V;
+    // log-softmax at temperature 1: the model's own log-probability of each token
+    const float top = *std::max_element(row, row + V);
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - top);
+    const double log_z = top + std::log(sum);
+    TokenInfo info;
+    info.text = vocab_.decode_one(token);
+    info.logprob = row[token] - log_z;
+    if (c.logprobs && *c.logprobs > 0) {
+      std::iota(order.begin(), order.end(), 0);
+      const int64_t k = std::min<int64_t>(*c.logprobs, V);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int64_t a, int64_t z) { return row[a] > row[z]; });
+      for (int64_t i = 0; i < k; ++i) info.top.emplace_back(vocab_.decode_one(order[i]), row[order[i]] - log_z);
+    }
+    if (c.generated == 0) metrics_.first_token(std::chrono::duration<double>(now - c.arrived).count());
+    else metrics_.inter_token(std::chrono::duration<double>(now - c.last_token).count());
+    c.last_token = now;
+    ++c.generated;
+    c.text += info.text;
+    c.pending.push_back(std::move(info));
+
+    ChoiceEvent event;
+    event.index = c.index;
+    size_t until = c.text.size();  // hand over text[sent, until)
+    const size_t stop_at = c.stop.empty() ? std::string::npos : find_stop(c.text, c.stop, c.sent);
+    if (stop_at != std::string::npos) {
+      until = stop_at;
+      event.finish = "stop";
+    } else if (c.generated >= c.max_tokens) {
+      event.finish = "length";
+    } else {
+      until = c.text.size() - held_back(c.text, c.stop);
+    }
+    // The pending tokens that lie wholly before `until` (tokens are whole characters, and a stop
+    // string starts on a character's first byte, so `until` falls between tokens).
+    size_t at = c.sent;
+    size_t taken = 0;
+    while (taken < c.pending.size() && at + c.pending[taken].text.size() <= until) at += c.pending[taken++].text.size();
+    event.text = c.text.substr(c.sent, until - c.sent);
+    event.tokens.assign(std::make_move_iterator(c.pending.begin()), std::make_move_iterator(c.pending.begin() + taken));
+    c.pending.erase(c.pending.begin(), c.pending.begin() + taken);
+    c.sent = until;
+    const bool done = event.finish.has_value();
+    if (done) {
+      event.generated = c.generated;
+      metrics_.finished(std::chrono::duration<double>(now - c.arrived).count());
+      metrics_.tokens(c.prompt_tokens, c.generated);
+    }
+    if (done || !event.text.empty()) c.job->push(std::move(event));
+    if (!done) still.push_back(std::move(active[b]));
+  }
+  active = std::move(still);
+}
+
+}  // namespace nanogpt::serve

@@ -1,0 +1,107 @@
+// Continuous batching: the sequences of every request in flight share each decode step. One
+// thread runs the model: every step it takes waiting sequences into free slots (up to --parallel),
+// draws one token for every sequence in a slot in one batched pass (model::SequenceStepper), and
+// hands each request its new text; a finished or cancelled sequence leaves its slot at once. HTTP
+// threads submit requests and read their events; nothing else touches the model.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/vocab.h"
+#include "model/generate.h"
+#include "serve/metrics.h"
+#include "serve/request.h"
+
+namespace nanogpt::serve {
+
+/// A generated token with its log-probability under the model (temperature 1) and, when asked,
+/// the likeliest alternatives.
+struct TokenInfo {
+  std::string text;  // its character, UTF-8
+  double logprob = 0.0;
+  std::vector<std::pair<std::string, double>> top;  // up to `logprobs` alternatives, likeliest first
+};
+
+/// New output of one choice: text (whole characters) and the tokens it came from; `finish` set on
+/// its last event ("stop": a stop string or the end; "length": max_tokens; "abort": the server stopped).
+struct ChoiceEvent {
+  int64_t index = 0;
+  std::string text;
+  std::vector<TokenInfo> tokens;
+  std::optional<std::string> finish;
+  int64_t generated = 0;  // on the last event: tokens the choice generated in all
+};
+
+/// One request in flight: its choices' events, read by the HTTP thread that serves it.
+class Job {
+ public:
+  /// Waits up to `timeout` for events; moves them out. Returns false when every choice has finished and nothing is left.
+  bool wait_events(std::vector<ChoiceEvent>& out, std::chrono::milliseconds timeout);
+  /// The client went away: its sequences leave their slots at the next step.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+  /// Set when the model failed on a step this request was in (its choices then end with "abort").
+  std::string error() const;
+
+ private:
+  friend class Batcher;
+  void push(ChoiceEvent event);
+  void fail(const std::string& message);
+  mutable std::mutex mutex_;
+  std::condition_variable ready_;
+  std::vector<ChoiceEvent> events_;
+  int64_t open_choices_ = 0;
+  std::string error_;
+  std::atomic<bool> cancelled_{false};
+};
+
+class Batcher {
+ public:
+  /// Starts the model's thread. `model` and `vocab` must outlive the batcher.
+  Batcher(model::GPT& model, const data::Vocab& vocab, const ServerOptions& options, Metrics& metrics,
+          model::Quantize quantize = model::Quantize::none);
+  ~Batcher();  // stop() and join
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  /// Queues every choice of `request` (prompts x n). Throws RequestError 503 when the queue has no
+  /// room for them all (nothing queued then), or when the server is stopping.
+  std::shared_ptr<Job> submit(const CompletionRequest& request);
+
+  /// Stops taking requests; the sequences in flight end with finish "abort" after their next
+  /// token; those waiting end at once. Returns at once; the destructor joins.
+  void stop();
+
+  int64_t busy_slots() const { return busy_.load(); }
+  int64_t queued() const;
+
+ private:
+  struct Choice;  // one sequence: its job, index, text so far and limits
+  void loop();
+  void step(std::vector<std::unique_ptr<Choice>>& active, model::SequenceStepper& stepper);
+  void finish(Choice& c, const std::string& reason);
+
+  model::GPT& model_;
+  const data::Vocab& vocab_;
+  ServerOptions options_;
+  Metrics& metrics_;
+  model::Quantize quantize_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Choice>> queue_;
+  bool stopping_ = false;
+  std::atomic<int64_t> busy_{0};
+  std::unique_ptr<model::SequenceStepper> stepper_;  // the model in eval mode while the batcher lives
+  std::thread thread_;
+};
+
+}  // namespace nanogpt::serve

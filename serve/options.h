@@ -1,0 +1,29 @@
+// What `nanogpt serve` listens on and the limits it holds every client to: safe by default
+// (loopback only, bounded bodies, prompts, outputs, slots, queue and connections, timeouts).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace nanogpt::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";   // loopback unless told otherwise (0.0.0.0: every interface)
+  int port = 8080;                  // 0 = any free port (printed when listening)
+  std::string api_key;              // non-empty: every endpoint but /health needs "Authorization: Bearer KEY"
+  std::string model_name = "nanogpt";  // the id /v1/models lists
+  int64_t parallel = 8;             // slots: sequences generated together, one batched pass per token
+  int64_t queue = 64;               // sequences waiting for a slot; more gets 503 with Retry-After
+  int64_t max_body_bytes = 1 << 20;       // a larger request body gets 413
+  int64_t max_prompt_tokens = 8192;       // characters of one prompt
+  int64_t max_tokens = 4096;              // the most a request may ask to generate (max_tokens)
+  int64_t max_n = 8;                      // choices per prompt (n)
+  int64_t max_prompts = 16;               // prompts in one request (a list)
+  int64_t connections = 96;               // connections served at once (more wait to be accepted)
+  int64_t read_timeout_s = 10;            // a client that sends nothing for this long is dropped
+  int64_t write_timeout_s = 10;           // a client that reads nothing for this long is dropped
+  double drain_timeout_s = 5.0;           // on SIGTERM: streams in flight end within this
+  bool bf16 = false;                      // the model's products in bfloat16 (CPU autocast, as `sample --dtype=bfloat16`)
+};
+
+}  // namespace nanogpt::serve

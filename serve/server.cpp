@@ -1,0 +1,316 @@
+// The HTTP side of `nanogpt serve` (see server.h).
+#include "serve/server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "serve/batcher.h"
+#include "serve/metrics.h"
+#include "serve/playground_html.h"
+#include "serve/request.h"
+
+namespace nanogpt::serve {
+
+using nlohmann::json;
+
+bool constant_time_equal(const std::string& given, const std::string& expected) {
+  const size_t n = std::max(given.size(), expected.size());
+  unsigned diff = given.size() == expected.size() ? 0u : 1u;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char a = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    const unsigned char b = i < expected.size() ? static_cast<unsigned char>(expected[i]) : 0;
+    diff |= static_cast<unsigned>(a ^ b);
+  }
+  return diff == 0;
+}
+
+namespace {
+
+void send_error(httplib::Response& res, const RequestError& e) {
+  res.status = e.status;
+  if (e.status == 503) res.set_header("Retry-After", "1");
+  if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  res.set_content(e.body().dump(), "application/json");
+}
+
+json logprobs_json(const std::vector<TokenInfo>& tokens, bool with_top, size_t offset) {
+  json out{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+           {"text_offset", json::array()}};
+  for (const auto& t : tokens) {
+    out["tokens"].push_back(t.text);
+    out["token_logprobs"].push_back(t.logprob);
+    out["text_offset"].push_back(offset);
+    offset += t.text.size();
+    if (with_top) {
+      json top = json::object();
+      for (const auto& [text, lp] : t.top) top[text] = lp;
+      out["top_logprobs"].push_back(top);
+    }
+  }
+  if (!with_top) out["top_logprobs"] = nullptr;
+  return out;
+}
+
+std::string completion_id() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  return fmt::format("cmpl-{:x}{:06x}", salt, counter.fetch_add(1));
+}
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+// library): a burst of clients connecting at once overflowed it, and some were reset. Calling
+// listen() again on the bound socket sets a deeper backlog (Linux allows it).
+class Listener : public httplib::Server {
+ public:
+  void deepen_backlog(int backlog) { ::listen(svr_sock_, backlog); }
+};
+
+struct Server::Impl {
+  Impl(model::GPT& model, const data::Vocab& v, const ServerOptions& o, model::Quantize q)
+      : vocab(v), options(o), batcher(model, v, o, metrics, q) {}
+
+  const data::Vocab& vocab;
+  ServerOptions options;
+  Metrics metrics;
+  Batcher batcher;
+  Listener http;
+  std::atomic<int64_t> open_streams{0};
+  std::atomic<bool> stopping{false};
+
+  void routes();
+  void completions(const httplib::Request& req, httplib::Response& res);
+};
+
+void Server::Impl::routes() {
+  const size_t threads = static_cast<size_t>(std::max<int64_t>(2, options.connections));
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+  http.set_read_timeout(options.read_timeout_s, 0);
+  http.set_write_timeout(options.write_timeout_s, 0);
+  http.set_keep_alive_timeout(5);
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // The page itself holds no data (its requests carry the key); /health is for probes.
+    if (options.api_key.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET"))
+      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.compare(0, prefix.size(), prefix) == 0 && constant_time_equal(auth.substr(prefix.size()), options.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, RequestError(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'", "",
+                                 "invalid_api_key", "authentication_error"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413)
+      send_error(res, RequestError(413, "the request body is too large (see --max_body_bytes)", "", "body_too_large"));
+    else if (res.status == 404)
+      send_error(res, RequestError(404, fmt::format("no such endpoint: {} {}", req.method, req.path), "", "not_found"));
+    else
+      send_error(res, RequestError(res.status, fmt::format("HTTP {}", res.status), "", "http_error"));
+  });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    try {
+      std::rethrow_exception(ep);
+    } catch (const RequestError& e) {
+      send_error(res, e);
+    } catch (const std::exception& e) {
+      send_error(res, RequestError(500, e.what(), "", "internal_error", "server_error"));
+    } catch (...) {
+      send_error(res, RequestError(500, "unknown failure", "", "internal_error", "server_error"));
+    }
+  });
+  http.set_logger([this](const httplib::Request&, const httplib::Response& res) { metrics.request(res.status); });
+
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(std::string(kPlaygroundHtml), "text/html; charset=utf-8");
+  });
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json{{"status", stopping ? "stopping" : "ok"}}.dump(), "application/json");
+    if (stopping) res.status = 503;
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json model{{"id", options.model_name}, {"object", "model"}, {"created", unix_time()}, {"owned_by", "nanogpt"}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.text(batcher.queued(), batcher.busy_slots(), options.parallel),
+                    "text/plain; version=0.0.4");
+  });
+  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    const json j = parse_json_object(req.body);
+    if (!j.contains("content") || !j.at("content").is_string())
+      throw RequestError(400, "content must be a string", "content", "invalid_type");
+    const auto ids = encode_text(j.at("content").get<std::string>(), vocab, "content");
+    res.set_content(json{{"tokens", ids}}.dump(), "application/json");
+  });
+  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    const json j = parse_json_object(req.body);
+    if (!j.contains("tokens") || !j.at("tokens").is_array())
+      throw RequestError(400, "tokens must be a list of token ids", "tokens", "invalid_type");
+    std::vector<int64_t> ids;
+    for (const auto& t : j.at("tokens")) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab.size())
+        throw RequestError(400, fmt::format("tokens must be integers in [0, {}), found {}", vocab.size(), t.dump()),
+                           "tokens");
+      ids.push_back(t.get<int64_t>());
+    }
+    res.set_content(json{{"content", vocab.decode(ids)}}.dump(), "application/json");
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
+}
+
+void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
+  const auto request = std::make_shared<CompletionRequest>(parse_completion_request(req.body, vocab, options));
+  if (stopping) throw RequestError(503, "the server is shutting down", "", "shutting_down", "server_error");
+  auto job = batcher.submit(*request);
+  const std::string id = completion_id();
+  const int64_t created = unix_time();
+  const bool with_logprobs = request->logprobs.has_value();
+  const bool with_top = with_logprobs && *request->logprobs > 0;
+  const auto prompt_of = [request](int64_t index) -> const std::string& { return request->prompt_texts[index / request->n]; };
+
+  if (!request->stream) {
+    const size_t choices = request->prompts.size() * request->n;
+    std::vector<std::string> texts(choices);
+    std::vector<std::vector<TokenInfo>> tokens(choices);
+    std::vector<std::string> finish(choices);
+    int64_t completion_tokens = 0, prompt_tokens = 0;
+    for (const auto& p : request->prompts) prompt_tokens += static_cast<int64_t>(p.size()) * request->n;
+    std::vector<ChoiceEvent> events;
+    while (job->wait_events(events, std::chrono::milliseconds(100))) {
+      for (auto& e : events) {
+        texts[e.index] += e.text;
+        for (auto& t : e.tokens) tokens[e.index].push_back(std::move(t));
+        if (e.finish) {
+          finish[e.index] = *e.finish;
+          completion_tokens += e.generated;
+        }
+      }
+    }
+    if (!job->error().empty()) throw RequestError(500, job->error(), "", "model_error", "server_error");
+    json out{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
+             {"choices", json::array()}};
+    for (size_t i = 0; i < choices; ++i) {
+      const std::string prefix = request->echo ? prompt_of(static_cast<int64_t>(i)) : "";
+      out["choices"].push_back({{"text", prefix + texts[i]},
+                                {"index", i},
+                                {"logprobs", with_logprobs ? logprobs_json(tokens[i], with_top, prefix.size()) : json(nullptr)},
+                                {"finish_reason", finish[i]}});
+    }
+    out["usage"] = {{"prompt_tokens", prompt_tokens},
+                    {"completion_tokens", completion_tokens},
+                    {"total_tokens", prompt_tokens + completion_tokens}};
+    res.set_content(out.dump(), "application/json");
+    return;
+  }
+
+  // Streaming: one `data: {...}` event per batch of new text, a last one per choice with its
+  // finish_reason, then `data: [DONE]`. The provider runs on this connection's thread.
+  ++open_streams;
+  auto offsets = std::make_shared<std::map<int64_t, size_t>>();  // text_offset so far, per choice
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, job, id, created, with_logprobs, with_top, request, prompt_of, offsets](size_t, httplib::DataSink& sink) {
+        std::vector<ChoiceEvent> events;
+        const bool more = job->wait_events(events, std::chrono::milliseconds(50));
+        for (auto& e : events) {
+          std::string text = e.text;
+          auto seen = offsets->find(e.index);
+          if (seen == offsets->end()) {  // the choice's first event: the echoed prompt in front
+            seen = offsets->emplace(e.index, 0).first;
+            if (request->echo) text = prompt_of(e.index) + text;
+            seen->second = text.size() - e.text.size();
+          }
+          json choice{{"text", text}, {"index", e.index},
+                      {"logprobs", with_logprobs ? logprobs_json(e.tokens, with_top, seen->second) : json(nullptr)},
+                      {"finish_reason", e.finish ? json(*e.finish) : json(nullptr)}};
+          seen->second += e.text.size();
+          json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
+                     {"choices", json::array({choice})}};
+          const std::string line = "data: " + chunk.dump() + "\n\n";
+          if (!sink.write(line.data(), line.size())) {  // the client went away: free its slots now
+            job->cancel();
+            return false;
+          }
+        }
+        if (!more) {
+          if (!job->error().empty()) {
+            const std::string line = "data: " + RequestError(500, job->error(), "", "model_error", "server_error").body().dump() + "\n\n";
+            sink.write(line.data(), line.size());
+          }
+          static const std::string done = "data: [DONE]\n\n";
+          sink.write(done.data(), done.size());
+          sink.done();
+          return true;
+        }
+        if (events.empty() && !sink.is_writable()) {
+          job->cancel();
+          return false;
+        }
+        return true;
+      },
+      [this, job](bool) {
+        job->cancel();  // no effect once every choice has finished
+        --open_streams;
+      });
+}
+
+Server::Server(model::GPT& model, const data::Vocab& vocab, const ServerOptions& options, model::Quantize quantize)
+    : impl_(std::make_unique<Impl>(model, vocab, options, quantize)) {
+  impl_->routes();
+}
+
+Server::~Server() {
+  stop();
+}
+
+int Server::bind() {
+  const auto& o = impl_->options;
+  const int backlog = static_cast<int>(std::min<int64_t>(4096, std::max<int64_t>(128, o.connections + o.queue)));
+  if (o.port == 0) {
+    const int port = impl_->http.bind_to_any_port(o.host);
+    if (port <= 0) throw std::runtime_error(fmt::format("[serve] cannot listen on {} (is it an address of this machine?)", o.host));
+    impl_->http.deepen_backlog(backlog);
+    return port;
+  }
+  if (!impl_->http.bind_to_port(o.host, o.port))
+    throw std::runtime_error(fmt::format(
+        "[serve] cannot listen on {}:{}: the port is taken or the address is not this machine's (try --port=0 for any free port)",
+        o.host, o.port));
+  impl_->http.deepen_backlog(backlog);
+  return o.port;
+}
+
+void Server::run() { impl_->http.listen_after_bind(); }
+
+void Server::stop() {
+  if (impl_->stopping.exchange(true)) return;
+  impl_->batcher.stop();  // every choice in flight gets its last event
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(impl_->options.drain_timeout_s);
+  while (impl_->open_streams > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  impl_->http.stop();
+}
+
+}  // namespace nanogpt::serve

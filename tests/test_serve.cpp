@@ -1,0 +1,613 @@
+// `nanogpt serve`: continuous batching gives each sequence the tokens generate() gives it alone
+// (the batched decoder step and SequenceStepper, against model::generate), the request parser
+// names the bad field, and the server end to end through real clients (curl; the openai Python
+// client in tests/serve_openai_client.py): completions streamed and not, every kind of bad input
+// answered 4xx while the server keeps serving, the API key, a full queue, a client hanging up,
+// and SIGTERM ending the streams in flight. Loopback only, on ports the system picks.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "model/generate.h"
+#include "serve/request.h"
+#include "serve/server.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train_fixture.h"
+
+using namespace nanogpt;
+using namespace nanogpt::testing;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+int shell(const std::string& cmd) {
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string fmt_percent(unsigned char c) {
+  static const char* hex = "0123456789ABCDEF";
+  return std::string("%") + hex[c >> 4] + hex[c & 15];
+}
+
+// Text as Chromium serialises it inside an element.
+std::string html_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) out += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : std::string(1, c);
+  return out;
+}
+
+// ---- Continuous batching against generate() ----
+
+model::GPT tiny_model(const std::string& pos_encoding) {
+  torch::manual_seed(7);
+  auto c = tiny_model_config();
+  c.pos_encoding = pos_encoding;
+  c.vocab_size = 23;
+  model::GPT m(c);
+  m->eval();
+  return m;
+}
+
+std::vector<int64_t> reference(model::GPT& m, const std::vector<int64_t>& prompt, int64_t n,
+                               const model::SamplingOptions& o, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  return model::generate(m, prompt, 1, n, o, rng)[0];
+}
+
+class Batching : public ::testing::TestWithParam<std::string> {};
+
+// Sequences join and leave a running batch; each one's tokens (greedy and sampled) are exactly
+// those generate() draws for it alone with the same random stream: past block_size too (RoPE's
+// sliding cache; a prefill per token for learned positions).
+TEST_P(Batching, EachSequenceMatchesGenerateAloneWhateverJoinsOrLeaves) {
+  auto m = tiny_model(GetParam());
+  model::SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  model::SamplingOptions warm;
+  warm.temperature = 1.0;
+  warm.top_k = 5;
+  const std::vector<std::vector<int64_t>> prompts{{1, 2, 3}, {4}, {5, 6, 7, 8, 9, 10, 11}, {12, 13}};
+  const std::vector<model::SamplingOptions> options{greedy, warm, warm, greedy};
+  const std::vector<int64_t> length{30, 12, 25, 20}, joins{0, 0, 5, 9};  // tokens each, and the step it joins at
+  std::vector<std::vector<int64_t>> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(reference(m, prompts[i], length[i], options[i], 100 + i));
+
+  model::SequenceStepper stepper(m);
+  std::vector<model::Sequence> seqs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    seqs[i].tokens = prompts[i];
+    seqs[i].options = options[i];
+    seqs[i].rng.seed(100 + i);
+  }
+  for (int64_t step = 0; step < 60; ++step) {
+    std::vector<model::Sequence*> batch;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int64_t made = static_cast<int64_t>(seqs[i].tokens.size() - prompts[i].size());
+      if (step >= joins[i] && made < length[i]) batch.push_back(&seqs[i]);
+    }
+    if (batch.empty()) break;
+    auto out = stepper.step(batch);
+    ASSERT_EQ(out.logits.size(0), static_cast<int64_t>(batch.size()));
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) EXPECT_EQ(seqs[i].tokens, expected[i]) << "sequence " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Positions, Batching, ::testing::Values("rope", "learned"));
+
+// The decoder's step over sequences with caches of their own gives each row the logits of a
+// batch of one (the arithmetic per row does not depend on what else is in the batch).
+TEST(Batching, DecoderRowsWithOwnCachesEqualSteppingAlone) {
+  auto m = tiny_model("rope");
+  c10::InferenceMode inference;
+  model::Decoder decoder(*m);
+  std::vector<model::KVCache> alone(3), together(3);
+  const std::vector<std::vector<int64_t>> streams{{1, 2, 3, 4, 5, 6}, {7, 8, 9}, {10, 11, 12, 13, 14, 15, 16, 17}};
+  // Different lengths first: row 2 runs ahead, row 1 behind.
+  for (size_t r = 0; r < 3; ++r)
+    for (size_t t = 0; t + 2 < streams[r].size(); ++t) {
+      decoder.step(torch::tensor({streams[r][t]}), alone[r]);
+      decoder.step(torch::tensor({streams[r][t]}), together[r]);
+    }
+  std::vector<torch::Tensor> single;
+  for (size_t r = 0; r < 3; ++r) single.push_back(decoder.step(torch::tensor({streams[r][streams[r].size() - 2]}), alone[r]));
+  auto batched = decoder.step(torch::tensor({streams[0][4], streams[1][1], streams[2][6]}),
+                              std::vector<model::KVCache*>{&together[0], &together[1], &together[2]});
+  for (int64_t r = 0; r < 3; ++r) {
+    EXPECT_TRUE(torch::equal(batched[r], single[r][0])) << "row " << r;
+    EXPECT_EQ(together[r].length(), alone[r].length());
+  }
+  EXPECT_THROW(decoder.step(torch::tensor({1, 2}), std::vector<model::KVCache*>{&together[0]}), std::invalid_argument);
+}
+
+// ---- Request parsing ----
+
+TEST(RequestParsing, ReadsOpenAIFieldsAndDefaults) {
+  const auto vocab = data::Vocab::from_text("abc\n");
+  serve::ServerOptions limits;
+  auto r = serve::parse_completion_request(R"({"prompt": "ab", "max_tokens": 5, "temperature": 0, "stop": ["\n"],
+      "n": 2, "logprobs": 3, "echo": true, "stream": true, "seed": 4, "top_p": 0.5, "top_k": 2, "model": "x"})",
+                                           vocab, limits);
+  EXPECT_EQ(r.prompts, (std::vector<std::vector<int64_t>>{{1, 2}}));
+  EXPECT_EQ(r.max_tokens, 5);
+  EXPECT_EQ(r.sampling.temperature, 0.0);
+  EXPECT_EQ(r.sampling.top_p, 0.5);
+  EXPECT_EQ(r.sampling.top_k, 2);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(*r.logprobs, 3);
+  EXPECT_TRUE(r.echo && r.stream);
+  EXPECT_EQ(*r.seed, 4u);
+  auto d = serve::parse_completion_request(R"({"prompt": ["a", "b"]})", vocab, limits);
+  EXPECT_EQ(d.prompts.size(), 2u);
+  EXPECT_EQ(d.max_tokens, 16);  // OpenAI's defaults
+  EXPECT_EQ(d.sampling.temperature, 1.0);
+  EXPECT_FALSE(d.logprobs.has_value());
+}
+
+TEST(RequestParsing, EachBadFieldIsA400NamingIt) {
+  const auto vocab = data::Vocab::from_text("abc\n");
+  serve::ServerOptions limits;
+  limits.max_tokens = 100;
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {R"({"prompt": "ab")", ""},  // invalid JSON
+      {R"([1, 2])", ""},
+      {R"({})", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": ["a", 5]})", "prompt"},
+      {R"({"prompt": "abz"})", "prompt"},  // z is not in the vocabulary
+      {R"({"prompt": ""})", "prompt"},
+      {"{\"prompt\": \"a\\udc00\"}", ""},  // a lone surrogate: not valid JSON
+      {R"({"prompt": "a", "temperature": -1})", "temperature"},
+      {R"({"prompt": "a", "temperature": "nan"})", "temperature"},
+      {R"({"prompt": "a", "temperature": 1e400})", ""},  // out of double's range: not valid JSON for the parser
+      {R"({"prompt": "a", "top_p": 0})", "top_p"},
+      {R"({"prompt": "a", "top_p": 1.5})", "top_p"},
+      {R"({"prompt": "a", "max_tokens": 1e30})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": 99999999999999999999999})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": 101})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": -1})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": "5"})", "max_tokens"},
+      {R"({"prompt": "a", "n": 0})", "n"},
+      {R"({"prompt": "a", "logprobs": 6})", "logprobs"},
+      {R"({"prompt": "a", "stream": "yes"})", "stream"},
+      {R"({"prompt": "a", "stop": 3})", "stop"},
+      {R"({"prompt": "a", "stop": ["a", "b", "c", "\n", "ab"]})", "stop"},
+      {R"({"prompt": "a", "top_k": -2})", "top_k"},
+  };
+  for (const auto& [body, field] : cases) {
+    try {
+      serve::parse_completion_request(body, vocab, limits);
+      ADD_FAILURE() << "accepted " << body;
+    } catch (const serve::RequestError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param, field) << body;
+      if (!field.empty()) {
+        EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      }
+      const json b = e.body();
+      EXPECT_TRUE(b["error"].contains("message") && b["error"].contains("type") && b["error"].contains("code")) << b;
+    }
+  }
+}
+
+TEST(RequestParsing, ApiKeyComparisonIsExact) {
+  EXPECT_TRUE(serve::constant_time_equal("secret", "secret"));
+  EXPECT_FALSE(serve::constant_time_equal("secreT", "secret"));
+  EXPECT_FALSE(serve::constant_time_equal("secret1", "secret"));
+  EXPECT_FALSE(serve::constant_time_equal("", "secret"));
+  EXPECT_FALSE(serve::constant_time_equal("secret", ""));
+}
+
+// ---- The server, end to end ----
+
+// `nanogpt serve --port=0 ARGS` as a child process; the port is read from its start-up line.
+class ServerProcess {
+ public:
+  ServerProcess(const std::string& dir, const std::string& args) : log_(dir + "/serve." + std::to_string(count_++) + ".log") {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const std::string cmd = "exec " + std::string(NANOGPT_BINARY) + " serve --port=0 " + args + " >" + log_ + " 2>&1";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const std::regex listening("on http://127\\.0\\.0\\.1:(\\d+) ");
+    for (int i = 0; i < 600 && port_ == 0; ++i) {  // up to 60 s (the model loads on a busy machine)
+      std::smatch m;
+      const std::string text = read_text(log_);
+      if (std::regex_search(text, m, listening)) port_ = std::stoi(m[1]);
+      else if (exited()) break;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0 && !exited()) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  int port() const { return port_; }
+  std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
+  std::string log() const { return read_text(log_); }
+  /// SIGTERM, then its exit status (waits up to `seconds`; -1 if still running).
+  int terminate(double seconds) {
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < seconds * 100; ++i) {
+      if (exited()) return status_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+  bool exited() {
+    if (done_) return true;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      done_ = true;
+      status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    return done_;
+  }
+
+ private:
+  static inline int count_ = 0;
+  std::string log_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool done_ = false;
+  int status_ = -1;
+};
+
+struct Reply {
+  int status = 0;
+  std::string body, headers;
+};
+
+class ServeHttp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (shell("command -v curl >/dev/null 2>&1") != 0) return;
+    dir_ = new TempDir("serve");
+    const std::string d = dir_->path;
+    fs::create_directories(d + "/data");
+    const std::string poems = read_text(std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt").substr(0, 20000);
+    std::ofstream(d + "/data/input.txt", std::ios::binary)
+        << "\u5E8A\u524D\u660E\u6708\u5149\uFF0C\u7591\u662F\u5730\u4E0A\u971C\u3002\n" << poems.substr(0, poems.rfind('\n') + 1);
+    auto c = tiny_config(d + "/cfg");
+    c.dataset = d + "/data";
+    c.out_dir = d + "/out";
+    c.max_iters = 60;  // enough for probabilities that differ (the playground's shading)
+    c.eval_interval = 30;
+    c.lr_decay_iters = 60;
+    std::ofstream(d + "/zh.yaml") << train::to_yaml(c);
+    train_rc_ = shell(std::string(NANOGPT_BINARY) + " train " + d + "/zh.yaml >" + d + "/train.out 2>&1");
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    if (!dir_) GTEST_SKIP() << "no curl on PATH (scripts/setup.sh installs it): the HTTP tests need a client";
+    ASSERT_EQ(train_rc_, 0) << read_text(dir_->path + "/train.out");
+  }
+  static std::string path(const std::string& name) { return dir_->path + "/" + name; }
+  // float32: the texts are compared with generate() in this process, which runs without autocast
+  static std::string out_dir() { return "--out_dir=" + path("out") + " --num_threads=1 --dtype=float32"; }
+
+  /// curl: METHOD url with `body` (sent from a file, so any bytes go) and extra curl arguments.
+  static Reply curl(const std::string& method, const std::string& url, const std::string& body = "",
+                    const std::string& extra = "") {
+    static int n = 0;
+    const std::string stem = path("curl." + std::to_string(n++));
+    std::string cmd = "curl -s -S -X " + method + " -D " + stem + ".head -o " + stem + ".body -w '%{http_code}' " + extra;
+    if (!body.empty()) {
+      std::ofstream(stem + ".req", std::ios::binary) << body;
+      cmd += " -H 'Content-Type: application/json' --data-binary @" + stem + ".req";
+    }
+    cmd += " '" + url + "' >" + stem + ".code 2>" + stem + ".err";
+    shell(cmd);
+    Reply r;
+    const std::string code = read_text(stem + ".code");
+    r.status = code.empty() ? 0 : std::atoi(code.c_str());
+    r.body = read_text(stem + ".body");
+    r.headers = read_text(stem + ".head");
+    return r;
+  }
+
+  /// The `data:` events of a server-sent-events body, in order ("[DONE]" kept as a string).
+  static std::vector<json> events(const std::string& sse) {
+    std::vector<json> out;
+    std::istringstream in(sse);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("data: ", 0) != 0) continue;
+      const std::string payload = line.substr(6);
+      out.push_back(payload == "[DONE]" ? json("[DONE]") : json::parse(payload));
+    }
+    return out;
+  }
+
+  static TempDir* dir_;
+  static int train_rc_;
+};
+
+TempDir* ServeHttp::dir_ = nullptr;
+int ServeHttp::train_rc_ = -1;
+
+const std::string kPrompt = "\u5E8A\u524D\u660E\u6708\u5149";  // 床前明月光
+
+// A greedy completion over HTTP is generate()'s text for the prompt; streamed, it arrives as whole
+// characters in events ending in data: [DONE], and is the same text.
+TEST_F(ServeHttp, CompletionsMatchGenerateStreamedAndNot) {
+  ServerProcess server(dir_->path, out_dir());
+  ASSERT_GT(server.port(), 0) << server.log();
+  auto loaded = train::load_model(train::resolve_checkpoint(path("out")));
+  model::SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  std::mt19937_64 rng(0);
+  const auto prompt = loaded.vocab.encode(kPrompt);
+  auto tokens = model::generate(loaded.model, prompt, 1, 40, greedy, rng)[0];
+  const std::string expected = loaded.vocab.decode(std::vector<int64_t>(tokens.begin() + prompt.size(), tokens.end()));
+
+  const json request{{"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0}, {"logprobs", 2}};
+  auto plain = curl("POST", server.url("/v1/completions"), request.dump());
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const json j = json::parse(plain.body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], expected);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 40);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
+  const auto& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 40u);
+  for (size_t i = 0; i < 40; ++i) {  // greedy: each token is the likeliest, with the top alternative's log-probability
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()].get<double>(), 1e-9);
+  }
+
+  json streamed = request;
+  streamed["stream"] = true;
+  auto sse = curl("POST", server.url("/v1/completions"), streamed.dump(), "-N");
+  ASSERT_EQ(sse.status, 200) << sse.body;
+  EXPECT_NE(sse.headers.find("text/event-stream"), std::string::npos);
+  auto ev = events(sse.body);
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev.back(), json("[DONE]"));
+  std::string text;
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    const std::string piece = ev[i]["choices"][0]["text"];
+    EXPECT_NO_THROW(loaded.vocab.encode(piece)) << "event " << i << " is not whole characters";
+    text += piece;
+  }
+  EXPECT_EQ(text, expected);
+  EXPECT_EQ(ev[ev.size() - 2]["choices"][0]["finish_reason"], "length");
+
+  // stop strings end the text before them; echo puts the prompt in front
+  const std::string first = expected.substr(0, expected.find('\n') == std::string::npos ? 0 : expected.find('\n'));
+  auto stopped = curl("POST", server.url("/v1/completions"),
+                      json{{"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0}, {"stop", "\n"}, {"echo", true}}.dump());
+  ASSERT_EQ(stopped.status, 200) << stopped.body;
+  const json s = json::parse(stopped.body);
+  if (expected.find('\n') != std::string::npos) {
+    EXPECT_EQ(s["choices"][0]["text"], kPrompt + first);
+    EXPECT_EQ(s["choices"][0]["finish_reason"], "stop");
+  }
+  auto models = curl("GET", server.url("/v1/models"));
+  EXPECT_EQ(models.status, 200);
+  EXPECT_EQ(json::parse(models.body)["data"][0]["object"], "model");
+  auto tok = curl("POST", server.url("/tokenize"), json{{"content", kPrompt}}.dump());
+  ASSERT_EQ(tok.status, 200) << tok.body;
+  EXPECT_EQ(json::parse(tok.body)["tokens"].get<std::vector<int64_t>>(), prompt);
+  auto detok = curl("POST", server.url("/detokenize"), json{{"tokens", prompt}}.dump());
+  EXPECT_EQ(json::parse(detok.body)["content"], kPrompt);
+  auto metrics = curl("GET", server.url("/metrics"));
+  EXPECT_NE(metrics.body.find("nanogpt_generated_tokens_total"), std::string::npos);
+  EXPECT_NE(metrics.body.find("nanogpt_time_to_first_token_seconds_bucket"), std::string::npos);
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// A request's greedy text is the same alone or beside others streaming at the same time.
+TEST_F(ServeHttp, GreedyTextIsTheSameAloneOrBesideOthers) {
+  // --dtype=auto: bfloat16 where the CPU has it, so the batched bf16 products are checked too
+  ServerProcess server(dir_->path, out_dir() + " --parallel=8 --dtype=auto");
+  ASSERT_GT(server.port(), 0) << server.log();
+  const json greedy{{"prompt", kPrompt}, {"max_tokens", 60}, {"temperature", 0}};
+  auto alone = curl("POST", server.url("/v1/completions"), greedy.dump());
+  ASSERT_EQ(alone.status, 200) << alone.body;
+  std::vector<std::future<Reply>> others;
+  for (int i = 0; i < 5; ++i)  // sampled, of other lengths and prompts, joining around it
+    others.push_back(std::async(std::launch::async, [&, i] {
+      return curl("POST", server.url("/v1/completions"),
+                  json{{"prompt", i % 2 ? "\u660E\u6708" : "\u5E8A"}, {"max_tokens", 30 + 20 * i}, {"stream", true},
+                       {"seed", i}}.dump(), "-N");
+    }));
+  auto beside = curl("POST", server.url("/v1/completions"), greedy.dump());
+  for (auto& o : others) EXPECT_EQ(o.get().status, 200);
+  ASSERT_EQ(beside.status, 200) << beside.body;
+  EXPECT_EQ(json::parse(beside.body)["choices"][0]["text"], json::parse(alone.body)["choices"][0]["text"]);
+  // A seeded sampled request is reproducible too, batched or not.
+  const json seeded{{"prompt", kPrompt}, {"max_tokens", 30}, {"temperature", 0.9}, {"seed", 42}, {"n", 3}};
+  auto a = json::parse(curl("POST", server.url("/v1/completions"), seeded.dump()).body);
+  auto b = json::parse(curl("POST", server.url("/v1/completions"), seeded.dump()).body);
+  EXPECT_EQ(a["choices"], b["choices"]);
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// Every kind of bad input gets a 4xx with OpenAI's error body naming the field; the server keeps serving.
+TEST_F(ServeHttp, BadInputGets4xxNamingTheFieldAndServingGoesOn) {
+  ServerProcess server(dir_->path, out_dir() + " --max_tokens=500");
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::string url = server.url("/v1/completions");
+  const std::vector<std::tuple<std::string, int, std::string>> cases{
+      {"{\"prompt\": ", 400, ""},                                                  // invalid JSON
+      {R"({"prompt": 12})", 400, "prompt"},                                        // wrong type
+      {R"({"prompt": "hello"})", 400, "prompt"},                                   // outside the vocabulary
+      {R"({"prompt": "床", "temperature": NaN})", 400, ""},                         // NaN is not JSON
+      {R"({"prompt": "床", "temperature": "NaN"})", 400, "temperature"},
+      {R"({"prompt": "床", "temperature": -0.5})", 400, "temperature"},
+      {R"({"prompt": "床", "top_p": 0})", 400, "top_p"},
+      {R"({"prompt": "床", "top_p": 1.01})", 400, "top_p"},
+      {R"({"prompt": "床", "max_tokens": 1e300})", 400, "max_tokens"},
+      {R"({"prompt": "床", "max_tokens": 501})", 400, "max_tokens"},
+      {R"({"prompt": "床", "n": 1000000})", 400, "n"},
+  };
+  for (const auto& [body, status, field] : cases) {
+    auto r = curl("POST", url, body);
+    EXPECT_EQ(r.status, status) << body << " -> " << r.body;
+    const json e = json::parse(r.body, nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << r.body;
+    EXPECT_TRUE(e["error"].contains("message") && e["error"].contains("type") && e["error"].contains("code")) << r.body;
+    if (!field.empty()) {
+      EXPECT_EQ(e["error"]["param"], field) << r.body;
+    }
+    EXPECT_EQ(curl("GET", server.url("/health")).status, 200) << "after " << body;
+  }
+  // a 100 MB body: refused from its length (413), whole or streamed in
+  {
+    std::ofstream big(path("big.json"), std::ios::binary);
+    big << R"({"prompt": ")";
+    const std::string chunk(1 << 20, 'a');
+    for (int i = 0; i < 100; ++i) big << chunk;
+    big << "\"}";
+  }
+  auto big = curl("POST", url, "", "-H 'Content-Type: application/json' --data-binary @" + path("big.json"));
+  EXPECT_EQ(big.status, 413) << big.body;
+  EXPECT_NE(big.body.find("too large"), std::string::npos) << big.body;
+  auto missing = curl("GET", server.url("/v2/nothing"));
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(curl("POST", server.url("/tokenize"), R"({"content": "hello"})").status, 400);
+  EXPECT_EQ(curl("POST", server.url("/detokenize"), R"({"tokens": [-1]})").status, 400);
+  auto ok = curl("POST", url, json{{"prompt", kPrompt}, {"max_tokens", 5}}.dump());
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// With a key every endpoint but /health (and the page) needs it; a full queue is 503 with Retry-After.
+TEST_F(ServeHttp, ApiKeyAndFullQueue) {
+  std::ofstream(path("key.txt")) << "s3cret\n";
+  ServerProcess server(dir_->path, out_dir() + " --api_key_file=" + path("key.txt") + " --parallel=1 --queue=2");
+  ASSERT_GT(server.port(), 0) << server.log();
+  EXPECT_EQ(curl("GET", server.url("/health")).status, 200);
+  auto refused = curl("GET", server.url("/v1/models"));
+  EXPECT_EQ(refused.status, 401);
+  EXPECT_EQ(json::parse(refused.body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(curl("GET", server.url("/v1/models"), "", "-H 'Authorization: Bearer wrong'").status, 401);
+  EXPECT_EQ(curl("GET", server.url("/metrics")).status, 401);
+  const std::string key = "-H 'Authorization: Bearer s3cret'";
+  EXPECT_EQ(curl("GET", server.url("/v1/models"), "", key).status, 200);
+  auto full = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"n", 3}}.dump(), key);
+  EXPECT_EQ(full.status, 503) << full.body;
+  EXPECT_NE(full.headers.find("Retry-After"), std::string::npos) << full.headers;
+  EXPECT_EQ(curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"n", 2}}.dump(), key).status, 200);
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// A client that hangs up mid-stream frees its slot: with one slot, the next request is served at once.
+TEST_F(ServeHttp, ClientHangingUpFreesItsSlot) {
+  ServerProcess server(dir_->path, out_dir() + " --parallel=1 --max_tokens=100000000");
+  ASSERT_GT(server.port(), 0) << server.log();
+  // hours of tokens, cut after a second by curl's --max-time
+  curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 100000000}, {"stream", true}}.dump(),
+       "-N --max-time 1");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 5}}.dump(),
+                   "--max-time 60");
+  EXPECT_EQ(next.status, 200) << next.body;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  auto metrics = curl("GET", server.url("/metrics")).body;
+  EXPECT_NE(metrics.find("nanogpt_busy_slots 0"), std::string::npos) << metrics;
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// SIGTERM: the stream in flight gets a final event and [DONE], new requests are refused, exit 0.
+TEST_F(ServeHttp, SigtermEndsStreamsWithAFinalEventAndExitsZero) {
+  ServerProcess server(dir_->path, out_dir() + " --max_tokens=100000000");
+  ASSERT_GT(server.port(), 0) << server.log();
+  auto stream = std::async(std::launch::async, [&] {
+    return curl("POST", server.url("/v1/completions"),
+                json{{"prompt", kPrompt}, {"max_tokens", 100000000}, {"stream", true}}.dump(), "-N --max-time 60");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.terminate(20), 0) << server.log();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  auto r = stream.get();
+  EXPECT_EQ(r.status, 200);
+  auto ev = events(r.body);
+  ASSERT_GE(ev.size(), 2u) << r.body.substr(0, 500);
+  EXPECT_EQ(ev.back(), json("[DONE]"));
+  EXPECT_EQ(ev[ev.size() - 2]["choices"][0]["finish_reason"], "abort");
+  EXPECT_NE(server.log().find("[serve] stopped"), std::string::npos) << server.log();
+}
+
+// The openai Python client, streamed and not (tests/serve_openai_client.py).
+TEST_F(ServeHttp, OpenAIPythonClient) {
+  const std::string python = NANOGPT_PYTHON;
+  if (python.empty() || shell(python + " -c 'import openai' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "the openai package is not importable from " << (python.empty() ? "(no python)" : python)
+                 << " (scripts/setup.sh installs it)";
+  ServerProcess server(dir_->path, out_dir() + " --api_key=k3y");
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::string cmd = python + " " + NANOGPT_SOURCE_DIR + "/tests/serve_openai_client.py " + server.url("/v1") +
+                          " k3y >" + path("openai.out") + " 2>&1";
+  EXPECT_EQ(shell(cmd), 0) << read_text(path("openai.out"));
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// The playground page in headless Chromium: the prompt 床前明月光 filled in (from the address, as if
+// typed), the greedy text streamed into the page, each character shaded by the probability the
+// API's logprobs give it.
+TEST_F(ServeHttp, PlaygroundStreamsAndShadesByTheApisLogprobs) {
+  std::string browser;
+  for (const char* name : {"chromium", "chromium-browser", "google-chrome"})
+    if (browser.empty() && shell(std::string("command -v ") + name + " >/dev/null 2>&1") == 0) browser = name;
+  if (browser.empty()) GTEST_SKIP() << "no chromium on PATH (scripts/setup.sh installs it): browser check skipped";
+  ServerProcess server(dir_->path, out_dir());
+  ASSERT_GT(server.port(), 0) << server.log();
+  std::string encoded;
+  for (unsigned char c : kPrompt) encoded += fmt_percent(c);
+  const std::string page = server.url("/") + "#prompt=" + encoded + "&max_tokens=20&temperature=0&run";
+  const std::string flags = " --headless --no-sandbox --disable-gpu --hide-scrollbars --virtual-time-budget=30000 "
+                            "--user-data-dir=" + path("chromium-profile") + " ";
+  ASSERT_EQ(shell(browser + flags + "--dump-dom '" + page + "' >" + path("dom.html") + " 2>/dev/null"), 0);
+  const std::string dom = read_text(path("dom.html"));
+  const size_t begin = dom.find("id=\"greedy\"");
+  ASSERT_NE(begin, std::string::npos) << dom.substr(0, 2000);
+  const std::string column = dom.substr(begin, dom.find("</div>", begin) - begin);
+  EXPECT_NE(column.find("data-done=\"1\""), std::string::npos) << "the stream did not finish: " << column;
+  // <span class="tok" data-p="P" data-tip="..." style="background-color: rgba(255, 140, 0, A);">TEXT</span>
+  // (alpha 1 is serialised as rgb(...); a tip's quotes as &quot;)
+  const std::regex span("<span class=\"tok\" data-p=\"([0-9.]+)\" data-tip=\"[^\"]*\" "
+                        "style=\"background-color: rgba?\\(255, 140, 0(?:, ([0-9.]+))?\\);?\">([^<]*)</span>");
+  std::vector<std::tuple<double, double, std::string>> shown;
+  for (auto it = std::sregex_iterator(column.begin(), column.end(), span); it != std::sregex_iterator(); ++it)
+    shown.emplace_back(std::stod((*it)[1]), (*it)[2].matched ? std::stod((*it)[2]) : 1.0, (*it)[3]);
+  auto api = curl("POST", server.url("/v1/completions"),
+                  json{{"prompt", kPrompt}, {"max_tokens", 20}, {"temperature", 0}, {"logprobs", 0}}.dump());
+  ASSERT_EQ(api.status, 200) << api.body;
+  const json lp = json::parse(api.body)["choices"][0]["logprobs"];
+  ASSERT_EQ(shown.size(), lp["tokens"].size()) << column;
+  for (size_t i = 0; i < shown.size(); ++i) {
+    const double p = std::exp(lp["token_logprobs"][i].get<double>());
+    EXPECT_EQ(std::get<2>(shown[i]), html_escaped(lp["tokens"][i].get<std::string>())) << "token " << i;
+    EXPECT_NEAR(std::get<0>(shown[i]), p, 1e-5) << "token " << i;
+    EXPECT_NEAR(std::get<1>(shown[i]), 1 - p, 5e-3) << "token " << i;  // the shading: darker when less likely
+  }
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+}  // namespace
