@@ -19,12 +19,13 @@ if(NOT NANOGPT_CUDA)
   set(NANOGPT_NO_CUDA_REASON "configured with -DNANOGPT_CUDA=OFF")
 else()
   # check_language tries nvcc in a scratch project and caches CMAKE_CUDA_COMPILER (NOTFOUND when it
-  # fails): the same compiler Caffe2's enable_language(CUDA) then uses. nvcc is looked for on PATH,
-  # in $CUDACXX and -DCMAKE_CUDA_COMPILER, and in /usr/local/cuda/bin.
-  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
-    find_program(NANOGPT_NVCC nvcc)
-    if(NOT NANOGPT_NVCC)
-      set(ENV{CUDACXX} /usr/local/cuda/bin/nvcc)
+  # fails): the same compiler Caffe2's enable_language(CUDA) then uses. nvcc: -DCMAKE_CUDA_COMPILER,
+  # else $CUDACXX, else the first on PATH, else /usr/local/cuda/bin/nvcc (where Caffe2 looks too).
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+    find_program(NANOGPT_NVCC nvcc PATHS /usr/local/cuda/bin DOC "The CUDA compiler tried for the CUDA plugin")
+    mark_as_advanced(NANOGPT_NVCC)
+    if(NANOGPT_NVCC)
+      set(ENV{CUDACXX} "${NANOGPT_NVCC}")
     endif()
   endif()
   include(CheckLanguage)
@@ -32,7 +33,8 @@ else()
   if(CMAKE_CUDA_COMPILER)
     set(NANOGPT_CUDA_TOOLKIT ON)
   else()
-    set(NANOGPT_NO_CUDA_REASON "no working CUDA toolkit (nvcc) found")
+    string(CONCAT NANOGPT_NO_CUDA_REASON "no working CUDA toolkit (nvcc) found; for GPU runs install the toolkit "
+                  "of LibTorch's CUDA version and configure a fresh build folder")
   endif()
 endif()
 

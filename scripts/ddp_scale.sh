@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-parallel scale figures (BENCHMARKS.md, issue 13) on this machine: tokens/s of one config with
+# Data-parallel scale figures (BENCHMARKS.md) on this machine: tokens/s of one config with
 # the same global batch (gradient_accumulation_steps=2) as
 #   1 process x 2 threads | 2 processes x 1 thread (torchrun) | 2 "machines" (two torchrun --nnodes=2 on loopback)
 # and Gloo's all-reduce bandwidth between 2 processes. Run it on a quiet machine.
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.." && source scripts/env.sh
 config=${1:-configs/shakespeare_char_cpu.yaml}
 iters=${2:-200}
 shift $(( $# > 2 ? 2 : $# ))
-torchrun=$NANOGPT_VENV/bin/torchrun
+torchrun=$NANOGPT_TORCHRUN
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 args=(train "$config" --gradient_accumulation_steps=2 --max_iters="$iters" --eval_interval=100000 --eval_iters=1
