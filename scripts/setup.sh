@@ -57,3 +57,7 @@ else
   touch "$NANOGPT_VENV/.nanogpt-complete"
 fi
 "$NANOGPT_PYTHON" -c "import torch; print('[setup] LibTorch', torch.__version__, '(CUDA', str(torch.version.cuda) + ')', 'at', torch.utils.cmake_prefix_path)"
+echo "[setup] torchrun, for several processes: $NANOGPT_TORCHRUN (scripts/env.sh exports it as NANOGPT_TORCHRUN)"
+if ! nvcc --version >/dev/null 2>&1 && ! /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1; then
+  echo "[setup] no CUDA toolkit (nvcc): the build will be CPU only; for GPU runs, install the CUDA toolkit of LibTorch's CUDA version above"
+fi

@@ -13,18 +13,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
+struct Outcome {
   int rc = -1;
   std::string log;
 };
 
 // `script args` from the source tree, with the program under test; stdout and stderr together.
-Run script(const std::string& line, const std::string& tmp) {
+Outcome script(const std::string& line, const std::string& tmp) {
   const std::string log = tmp + "/log";
   const std::string cmd = "cd " + std::string(NANOGPT_SOURCE_DIR) + " && NANOGPT_BIN=" + NANOGPT_BINARY +
                           " OMP_NUM_THREADS=1 " + line + " >" + log + " 2>&1 </dev/null";
   const int status = std::system(cmd.c_str());
-  Run r;
+  Outcome r;
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.log = read_text(log);
   return r;
@@ -32,7 +32,7 @@ Run script(const std::string& line, const std::string& tmp) {
 
 std::string torchrun() {  // what scripts/env.sh exports as NANOGPT_TORCHRUN
   TempDir dir("scripts_env");
-  const Run r = script("bash -c 'source scripts/env.sh && printf %s \"$NANOGPT_TORCHRUN\"'", dir.path);
+  const Outcome r = script("bash -c 'source scripts/env.sh && printf %s \"$NANOGPT_TORCHRUN\"'", dir.path);
   return r.rc == 0 ? r.log : "";
 }
 
@@ -49,7 +49,7 @@ TEST(Scripts, TrainDdpRunsItsOwnExample) {
   if (run.empty() || !fs::exists(run)) GTEST_SKIP() << "no torchrun in the project's environment (scripts/setup.sh)";
   TempDir dir("scripts_ddp");
   tiny_config(dir.path);  // dir/data/input.txt: the first 20,000 characters of tiny Shakespeare
-  const Run r = script("NPROC=2 scripts/train_ddp.sh configs/shakespeare_char_cpu.yaml --dataset=" + dir.path +
+  const Outcome r = script("NPROC=2 scripts/train_ddp.sh configs/shakespeare_char_cpu.yaml --dataset=" + dir.path +
                            "/data --out_dir=" + dir.path + "/out" + kTiny,
                        dir.path);
   ASSERT_EQ(r.rc, 0) << r.log;
@@ -62,7 +62,7 @@ TEST(Scripts, TrainDdpRunsItsOwnExample) {
 TEST(Scripts, TrainShakespeareSamplesFromItsOutDir) {
   TempDir dir("scripts_shakespeare");
   const std::string out = dir.path + "/mine";
-  const Run r = script("scripts/train_shakespeare.sh --out_dir=" + out + kTiny, dir.path);
+  const Outcome r = script("scripts/train_shakespeare.sh --out_dir=" + out + kTiny, dir.path);
   ASSERT_EQ(r.rc, 0) << r.log;
   EXPECT_TRUE(fs::exists(out + "/ckpt_last.safetensors")) << r.log;
   EXPECT_NE(r.log.find("[train_shakespeare] samples from " + out), std::string::npos) << r.log;
