@@ -21,6 +21,7 @@
 #include "viz/attention_csv.h"
 #include "viz/attention_explorer.h"
 #include "viz/attention_plot.h"
+#include "viz/figure.h"
 
 namespace nanogpt::cli {
 namespace {
@@ -66,8 +67,9 @@ void add_attention_command(CLI::App& app) {
     int64_t new_tokens = 48;
     double temperature = 0.8;
     int64_t seed = 1337;
-    std::string device = "cpu";
+    std::string device = "auto";
     bool skip_unknown = false;
+    bool no_heatmap = false;
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("attention", "Draw the attention weights of a prompt, one heatmap per layer and head");
@@ -88,7 +90,14 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--seed", opts->seed, "Random seed of the explorer's continuation")->capture_default_str();
   cmd->add_option("--device", opts->device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   cmd->add_flag("--skip_unknown", opts->skip_unknown, "Drop prompt characters that are not in the vocabulary");
+  cmd->add_flag("--no_heatmap", opts->no_heatmap,
+                "Write only the explorer page (--html) and the CSV, no heatmap image (a build without plots does so "
+                "with --html)");
   cmd->callback([opts] {
+    // The explorer page and the CSV need no drawing library: a build without plots still writes them.
+    if (opts->no_heatmap && opts->html.empty())
+      throw std::invalid_argument("[attention] --no_heatmap leaves only the explorer page to write: add --html=PAGE.html");
+    const bool heatmap = !opts->no_heatmap && (viz::can_draw() || opts->html.empty());
     const std::string source = opts->ckpt.empty() ? opts->out_dir : opts->ckpt;
     const std::string ckpt_path = train::resolve_checkpoint(source);
     const torch::Device device = runtime::resolve_device(opts->device);
@@ -146,10 +155,17 @@ void add_attention_command(CLI::App& app) {
         opts->csv.empty() ? std::filesystem::path(out).replace_extension(".csv").string() : opts->csv;
     const std::string title = fmt::format("attention | {} (iter {}) | {} tokens",
                                           std::filesystem::path(ckpt_path).filename().string(), loaded.meta.iter, T);
-    viz::plot_attention(panels, labels, out, title);
-    viz::write_attention_csv(panels, labels, csv);
-    std::printf("[attention] wrote %s and %s | %zu panels | %lld tokens\n", out.c_str(), csv.c_str(), panels.size(),
-                static_cast<long long>(T));
+    if (heatmap) {
+      viz::plot_attention(panels, labels, out, title);  // throws, saying why, in a build without plots
+      viz::write_attention_csv(panels, labels, csv);
+      std::printf("[attention] wrote %s and %s | %zu panels | %lld tokens\n", out.c_str(), csv.c_str(), panels.size(),
+                  static_cast<long long>(T));
+    } else {
+      viz::write_attention_csv(panels, labels, csv);
+      std::printf("[attention] wrote %s | %zu panels | %lld tokens | no heatmap (%s)\n", csv.c_str(), panels.size(),
+                  static_cast<long long>(T),
+                  opts->no_heatmap ? "--no_heatmap" : "this build has no plots: configured with -DNANOGPT_PLOTS=OFF");
+    }
     if (!opts->html.empty()) {
       viz::ExplorerData explorer;
       explorer.title = fmt::format("{} + {} sampled", title, new_tokens);

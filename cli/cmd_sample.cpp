@@ -230,7 +230,8 @@ void add_sample_command(CLI::App& app) {
   auto a = std::make_shared<SampleArgs>();
   cmd->add_option("--out_dir", a->out_dir, "Training folder: reads ckpt_best.safetensors, else ckpt_last.safetensors")->capture_default_str();
   cmd->add_option("--ckpt", a->ckpt, "A checkpoint file (instead of --out_dir)");
-  cmd->add_option("--start", a->start, "Prompt text, or FILE:path to read it from a file")->capture_default_str();
+  cmd->add_option("--start", a->start, "Prompt text, or FILE:path to read it from a file (default: one newline)")
+      ->default_str("\\n");  // shown escaped: the newline itself would break the help line
   cmd->add_option("--num_samples", a->num_samples, "Number of samples")->capture_default_str();
   cmd->add_option("--max_new_tokens", a->max_new_tokens, "Tokens generated per sample")->capture_default_str();
   cmd->add_option("--temperature", a->temperature, "Softmax temperature; 0 = greedy (argmax)")->capture_default_str();

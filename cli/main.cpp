@@ -53,8 +53,12 @@ int main(int argc, char** argv) {
   nanogpt::runtime::retain_freed_memory();  // before any tensor: large activations are reused, not re-faulted
   CLI::App app{"nanogpt: train and sample character-level GPTs (nanoGPT, natively)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("nanogpt, LibTorch ") + nanogpt::runtime::torch_version() +
-                                        (nanogpt::runtime::cuda_compiled() ? " with CUDA" : " (CPU only)"));
+  // Names the CUDA plugin a GPU run would load, so that an installed program can be checked.
+  app.set_version_flag("--version", [] {
+    using namespace nanogpt::runtime;
+    return "nanogpt, LibTorch " + torch_version() +
+           (cuda_compiled() ? " with CUDA (plugin " + cuda_plugin_path() + ")" : " (CPU only)");
+  });
   add_prepare_command(app);
   add_train_command(app);
   add_sample_command(app);

@@ -57,20 +57,24 @@ bool nvidia_driver_present() {
   return std::filesystem::exists("/dev/nvidiactl", ec) || std::filesystem::exists("/proc/driver/nvidia/version", ec);
 }
 
-std::string plugin_path() {  // beside the running program
+}  // namespace
+
+std::string cuda_plugin_path() {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ((ec ? std::filesystem::path(".") : exe.parent_path()) / "libnanogpt_cuda.so").string();
+  const std::filesystem::path dir = ec ? std::filesystem::path(".") : exe.parent_path();
+  const std::filesystem::path beside = dir / "libnanogpt_cuda.so", installed = dir / ".." / "lib" / "libnanogpt_cuda.so";
+  if (!std::filesystem::exists(beside, ec) && std::filesystem::exists(installed, ec))
+    return installed.lexically_normal().string();
+  return beside.string();
 }
-
-}  // namespace
 
 bool load_cuda(const std::string& device_name) {
   const bool asked = device_name.rfind("cuda", 0) == 0;
   if (!asked && !(device_name == "auto" && nvidia_driver_present())) return cuda_backend_registered();
   std::lock_guard<std::mutex> lock(g_cuda_mutex);
   if (g_cuda_plugin || !cuda_compiled()) return cuda_backend_registered();
-  const std::string path = plugin_path();
+  const std::string path = cuda_plugin_path();
   void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
   if (!handle) {
     if (asked)

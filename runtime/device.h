@@ -15,6 +15,11 @@ std::string torch_version();
 /// True when this LibTorch was built with CUDA (whether or not a GPU is present).
 bool cuda_compiled();
 
+/// The CUDA plugin (libnanogpt_cuda.so) a GPU run loads: the one beside the program (a build
+/// folder), else the one in ../lib relative to it (an installed bin/ and lib/); the first of the two
+/// when neither exists.
+std::string cuda_plugin_path();
+
 /// Turns autocast on for `device` with `dtype` (e.g. bfloat16) for the guard's lifetime; a no-op
 /// when `enabled` is false. Nesting-safe: restores the previous state.
 class AutocastGuard {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Configures and builds nanogpt-cpp (Release) into build/ against the LibTorch of scripts/setup.sh's
 # environment. Extra arguments go to CMake's configure step, e.g. scripts/build.sh -DNANOGPT_BUILD_TESTS=OFF,
-# or -DCMAKE_PREFIX_PATH=/path/to/libtorch for an unpacked official LibTorch instead.
+# or -DCMAKE_PREFIX_PATH=/path/to/libtorch for an unpacked official LibTorch instead. Without the CUDA
+# toolkit (nvcc) the build is CPU only: CMake says so once, and skips the CUDA plugin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -24,3 +25,4 @@ elif (($#)); then
   cmake -S . -B build "$@"
 fi
 cmake --build build -j"$(nproc)"
+echo "[build] the program: $PWD/build/nanogpt (to install it: cmake --install build --prefix DIR, then DIR/bin/nanogpt)"

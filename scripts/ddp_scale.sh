@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.." && source scripts/env.sh
 config=${1:-configs/shakespeare_char_cpu.yaml}
 iters=${2:-200}
 shift $(( $# > 2 ? 2 : $# ))
-torchrun=$NANOGPT_VENV/bin/torchrun
+torchrun=$NANOGPT_TORCHRUN
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 args=(train "$config" --gradient_accumulation_steps=2 --max_iters="$iters" --eval_interval=100000 --eval_iters=1

@@ -16,3 +16,16 @@ nanogpt_find_torch() {
     { NANOGPT_TORCH_CMAKE=""; return 1; }
   NANOGPT_TORCH_ARGS=(-DCMAKE_PREFIX_PATH="$NANOGPT_TORCH_CMAKE" -DNANOGPT_PYTHON="$NANOGPT_PYTHON")
 }
+
+# torchrun from that environment (it is not on PATH): the scripts start several processes with it,
+# and `source scripts/env.sh` gives it to a shell, e.g. "$NANOGPT_TORCHRUN" --no-python --standalone
+# --nproc_per_node=2 build/nanogpt train CONFIG.
+export NANOGPT_TORCHRUN=${NANOGPT_TORCHRUN:-$NANOGPT_VENV/bin/torchrun}
+
+# The program the scripts run: build/nanogpt (scripts/build.sh), or the one NANOGPT_BIN names (an
+# installed one: cmake --install build --prefix P puts it in P/bin).
+nanogpt_program() {
+  local bin=${NANOGPT_BIN:-build/nanogpt}
+  [[ -x $bin ]] || { echo "[nanogpt] error: no program at '$bin': build it with scripts/build.sh, or set NANOGPT_BIN" >&2; return 1; }
+  NANOGPT=$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")
+}

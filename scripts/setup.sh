@@ -78,3 +78,7 @@ if ! "$NANOGPT_PYTHON" -c 'import openai' 2>/dev/null; then
   "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check openai ||
     echo "[setup] warning: could not install openai (offline?): the serving tests that use it will skip" >&2
 fi
+echo "[setup] torchrun, for several processes: $NANOGPT_TORCHRUN (scripts/env.sh exports it as NANOGPT_TORCHRUN)"
+if ! nvcc --version >/dev/null 2>&1 && ! /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1; then
+  echo "[setup] no CUDA toolkit (nvcc): the build will be CPU only; for GPU runs, install the CUDA toolkit of LibTorch's CUDA version above"
+fi

@@ -298,6 +298,8 @@ void Figure::save(const std::string& path) const {
 
 TextExtent measure_text(std::string_view text, const TextStyle& style) { return Figure(1, 1).measure(text, style); }
 
+bool can_draw() { return true; }
+
 Image read_png(const std::string& path) {
   Surface image(cairo_image_surface_create_from_png(path.c_str()));
   const cairo_status_t status = cairo_surface_status(image.get());

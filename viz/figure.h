@@ -114,4 +114,7 @@ TextExtent measure_text(std::string_view text, const TextStyle& style);
 /// Reads a PNG file (cairo's reader) into pixels. Throws "[viz] cannot read 'path' as PNG: ...".
 Image read_png(const std::string& path);
 
+/// False in a build without cairo and pango (-DNANOGPT_PLOTS=OFF), where making a Figure throws.
+bool can_draw();
+
 }  // namespace nanogpt::viz

@@ -36,5 +36,6 @@ void Figure::save(const std::string&) const { no_drawing(); }
 cairo_surface_t* Figure::paint_onto_image() const { no_drawing(); }
 TextExtent measure_text(std::string_view, const TextStyle&) { no_drawing(); }
 Image read_png(const std::string&) { no_drawing(); }
+bool can_draw() { return false; }
 
 }  // namespace nanogpt::viz
