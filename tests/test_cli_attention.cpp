@@ -103,7 +103,7 @@ class AttentionCli : public ::testing::Test {
     train_rc_ = shell(std::string(NANOGPT_BINARY) + " train " + d + "/zh.yaml >" + d + "/train.out 2>&1");
     // 秦川雄帝宅，⏎岩廊: 9 tokens, a newline among them; the model's block_size (16) leaves 7 to sample.
     std::ofstream(d + "/prompt.txt", std::ios::binary) << "\u79E6\u5DDD\u96C4\u5E1D\u5B85\uFF0C\n\u5CA9\u5ECA";
-    attention_rc_ = shell(std::string(NANOGPT_BINARY) + " attention --out_dir=" + d + "/out --start=FILE:" + d +
+    attention_rc_ = shell(std::string(NANOGPT_BINARY) + " attention --device=cpu --out_dir=" + d + "/out --start=FILE:" + d +
                           "/prompt.txt --out=" + d + "/attn.svg --csv=" + d + "/attn.csv --html=" + d +
                           "/explore.html --new_tokens=20 >" + d + "/attention.out 2>&1");
   }
