@@ -464,7 +464,7 @@ TEST_F(Distributed, RanksWithDifferentDataAreRefusedAtStartUp) {
   auto args = [&](int r) {
     return std::vector<std::string>{"/bin/sh", "-c",
                                     "cd " + dir.path + "/r" + std::to_string(r) + " && exec " + NANOGPT_BINARY +
-                                        " train " + config + " --out_dir=" + out + " --dataset=corpus"};
+                                        " train " + config + " --out_dir=" + out + " --dataset=./corpus"};
   };
   auto procs = start_pair(args(0), args(1), out, free_port());
   for (const auto& p : procs) {
