@@ -26,17 +26,9 @@ using nanogpt::testing::slurp;
 using nanogpt::testing::spit;
 namespace fs = std::filesystem;
 
-namespace {
+using nanogpt::testing::error_of;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
-}
+namespace {
 
 // The whole corpus as one string of code points, read piece by piece.
 std::u32string read_all(CorpusReader& reader, size_t* pieces = nullptr) {

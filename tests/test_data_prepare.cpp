@@ -20,6 +20,8 @@ using namespace nanogpt::data;
 using namespace nanogpt::io;
 namespace fs = std::filesystem;
 
+using nanogpt::testing::error_of;
+
 namespace {
 
 const std::string kShakespeare = std::string(NANOGPT_SOURCE_DIR) + "/data/shakespeare_char/input.txt";
@@ -29,16 +31,6 @@ using nanogpt::testing::ScratchDir;
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
 }
 
 std::vector<int64_t> to_ids(const torch::Tensor& t) {

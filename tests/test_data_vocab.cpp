@@ -9,22 +9,10 @@
 
 #include "data/utf8.h"
 #include "data/vocab.h"
+#include "test_files.h"
 
 using namespace nanogpt::data;
-
-namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
-}
-
-}  // namespace
+using nanogpt::testing::error_of;
 
 TEST(Vocab, IsTheSortedSetOfCodePoints) {
   const std::string text = "hello world\n";

@@ -1,10 +1,12 @@
 // Shared by the test suites that handle files: a scratch folder and whole-file reads and writes.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <stdexcept>
 #include <string>
@@ -27,6 +29,17 @@ struct ScratchDir {
   ScratchDir& operator=(const ScratchDir&) = delete;
   std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
+
+/// The message of the std::runtime_error that `f` throws; a test failure (and "") when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an error";
+  return "";
+}
 
 /// The whole file as bytes ("" when it cannot be read).
 inline std::string slurp(const std::string& path) {
