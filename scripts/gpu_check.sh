@@ -13,6 +13,11 @@
 #
 #   scripts/gpu_check.sh NANOGPT_DIR      # NANOGPT_DIR: a checkout of karpathy/nanoGPT (not shipped here)
 #
+# GPU_CHECK_PREBUILT=DIR skips the build when DIR holds nanogpt, libnanogpt_cuda.so and the three test
+# programs, built elsewhere against the same LibTorch version with -DNANOGPT_PLOTS=OFF, and they start
+# here (they are run with this PyTorch's lib folder on LD_LIBRARY_PATH); otherwise it builds as above.
+# GPU_CHECK_STEP_TIMEOUT (seconds, default 300) bounds each test program, training run and sample.
+#
 # Libraries the GPU machine lacks (yaml-cpp, spdlog, fmt, GoogleTest, CLI11, nlohmann-json, Gloo's
 # headers) are unpacked, not installed, from Debian packages placed in .devdeps/. Without cairo and
 # pango the build has no plots (-DNANOGPT_PLOTS=OFF): this check is about training and sampling.
@@ -39,6 +44,19 @@ if compgen -G ".devdeps/*.deb" >/dev/null; then
   prefix="$prefix;$deps/usr"
 fi
 
+torch_lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+step_timeout=${GPU_CHECK_STEP_TIMEOUT:-300}
+bin=build-cuda
+prebuilt=${GPU_CHECK_PREBUILT:-}
+if [[ -n $prebuilt ]] && LD_LIBRARY_PATH=$torch_lib:${LD_LIBRARY_PATH:-} "$prebuilt/nanogpt" --version; then
+  stamp "using the programs in $prebuilt"
+  bin=$prebuilt
+  export LD_LIBRARY_PATH=$torch_lib:${LD_LIBRARY_PATH:-}
+else
+  [[ -z $prebuilt ]] || stamp "the programs in $prebuilt do not start here; building"
+  build=1
+fi
+if [[ -n ${build:-} ]]; then
 stamp "build"
 plots=OFF
 command -v pkg-config >/dev/null && pkg-config --exists cairo-svg pangocairo && plots=ON
@@ -50,14 +68,18 @@ cmake -S . -B build-cuda "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PR
 grep "nanogpt:" "$logs/configure.log" || true
 targets=(nanogpt test_cuda test_train_device test_cli)
 cmake --build build-cuda -j"$(nproc)" --target "${targets[@]}" >"$logs/build.log" 2>&1 || { tail -50 "$logs/build.log"; exit 1; }
-[[ -f build-cuda/libnanogpt_cuda.so ]] || { echo "[gpu] error: no CUDA plugin was built (see $logs/configure.log)"; exit 1; }
+fi
+[[ -f $bin/libnanogpt_cuda.so ]] || { echo "[gpu] error: no CUDA plugin in $bin (see $logs/configure.log)"; exit 1; }
 
-stamp "tests: CUDA, device mix-ups, command line"
 tests_ok=1
-for t in test_cuda test_train_device test_cli; do
-  build-cuda/$t --gtest_brief=1 >"$logs/$t.log" 2>&1 || tests_ok=0
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$logs/$t.log" | sed "s/^/  $t /" || true
-done
+run_tests() {
+  for t in "$@"; do
+    timeout "$step_timeout" "$bin/$t" --gtest_brief=1 >"$logs/$t.log" 2>&1 || tests_ok=0
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \] [A-Z]" "$logs/$t.log" | sed "s/^/  $t /" || true
+  done
+}
+stamp "tests: CUDA, device mix-ups"
+run_tests test_cuda test_train_device
 
 work=$(mktemp -d)
 cp -r "$nanogpt_dir" "$work/nanoGPT"
@@ -70,7 +92,7 @@ ours() {  # name, then arguments after "train configs/shakespeare_char.yaml"
   local name=$1
   shift
   stamp "ours: $name"
-  build-cuda/nanogpt train configs/shakespeare_char.yaml --device=cuda --out_dir="$work/$name" "${common[@]}" "$@" \
+  timeout "$step_timeout" "$bin/nanogpt" train configs/shakespeare_char.yaml --device=cuda --out_dir="$work/$name" "${common[@]}" "$@" \
     >"$logs/$name.log" 2>&1 || tail -5 "$logs/$name.log"
 }
 ours ours_bf16 --dtype=bfloat16
@@ -78,7 +100,7 @@ ours ours_fp16 --dtype=float16
 for compile in False True; do
   stamp "nanoGPT --compile=$compile"
   # Through runpy, so that its peak GPU memory can be read when it ends (train.py does not print it).
-  (cd "$work/nanoGPT" && PYTHONPATH=$work/stub "$py" - config/train_shakespeare_char.py --device=cuda --dtype=bfloat16 \
+  (cd "$work/nanoGPT" && PYTHONPATH=$work/stub timeout "$step_timeout" "$py" - config/train_shakespeare_char.py --device=cuda --dtype=bfloat16 \
     --compile=$compile --out_dir="$work/nano_$compile" "${common[@]}" >"$logs/nano_$compile.log" 2>&1 <<'PY'
 import runpy, sys, torch
 sys.argv = ["train.py"] + sys.argv[1:]
@@ -91,7 +113,7 @@ ngpu=$("$py" -c 'import torch; print(torch.cuda.device_count())')
 torchrun=$(dirname "$(command -v "$py")")/torchrun
 [[ -x $torchrun ]] || torchrun="$py -m torch.distributed.run"
 stamp "ours: torchrun, $ngpu process(es), NCCL"
-$torchrun --no-python --standalone --nproc_per_node="$ngpu" build-cuda/nanogpt train configs/shakespeare_char.yaml \
+timeout "$step_timeout" $torchrun --no-python --standalone --nproc_per_node="$ngpu" "$bin/nanogpt" train configs/shakespeare_char.yaml \
   --device=cuda --dtype=bfloat16 --out_dir="$work/ours_ddp" --gradient_accumulation_steps="$ngpu" "${common[@]}" \
   >"$logs/ours_ddp.log" 2>&1 || tail -5 "$logs/ours_ddp.log"
 grep -m1 "\[ddp\] .* processes" "$logs/ours_ddp.log" || true
@@ -99,7 +121,7 @@ grep -m1 "\[ddp\] .* processes" "$logs/ours_ddp.log" || true
 stamp "sampling on the GPU"
 for args in "" "--beam=4"; do
   t0=$(date +%s%N)
-  build-cuda/nanogpt sample --out_dir="$work/ours_bf16" --device=cuda --num_samples=1 --max_new_tokens=1000 --seed=1 $args \
+  timeout "$step_timeout" "$bin/nanogpt" sample --out_dir="$work/ours_bf16" --device=cuda --num_samples=1 --max_new_tokens=1000 --seed=1 $args \
     >"$logs/sample.txt" 2>"$logs/sample.err" || { tail -3 "$logs/sample.err"; tests_ok=0; }
   echo "  sample ${args:-(KV cache)}: 1000 tokens in $((($(date +%s%N) - t0) / 1000000)) ms, start-up included:" \
     "$(head -c 80 "$logs/sample.txt" | tr '\n' ' ')"
@@ -158,5 +180,7 @@ for other in ("nanoGPT bf16 --compile=True", "nanoGPT bf16 --compile=False"):
         print(f"nanogpt-cpp bf16 / {other}: {ref['tok_s'] / o['tok_s']:.2f}x tokens/s")
 PY
 rm -rf "$work"
+stamp "tests: command line"
+run_tests test_cli
 stamp "done; logs in $logs"
 ((tests_ok)) || { echo "[gpu] some tests or samples failed: $logs"; exit 1; }
