@@ -118,15 +118,31 @@ timeout "$step_timeout" $torchrun --no-python --standalone --nproc_per_node="$ng
   >"$logs/ours_ddp.log" 2>&1 || tail -5 "$logs/ours_ddp.log"
 grep -m1 "\[ddp\] .* processes" "$logs/ours_ddp.log" || true
 
-stamp "sampling on the GPU"
-for args in "" "--beam=4"; do
-  t0=$(date +%s%N)
-  timeout "$step_timeout" "$bin/nanogpt" sample --out_dir="$work/ours_bf16" --device=cuda --num_samples=1 --max_new_tokens=1000 --seed=1 $args \
-    >"$logs/sample.txt" 2>"$logs/sample.err" || { tail -3 "$logs/sample.err"; tests_ok=0; }
-  echo "  sample ${args:-(KV cache)}: 1000 tokens in $((($(date +%s%N) - t0) / 1000000)) ms, start-up included:" \
-    "$(head -c 80 "$logs/sample.txt" | tr '\n' ' ')"
-done
-
+stamp "sampling on the GPU: 1000 new tokens, one sample; tokens/s with start-up taken out (a 1-token run's time)"
+ms_of() {  # prints the wall milliseconds of a command, its output in $logs/sample.txt and .err
+  local t0=$(date +%s%N)
+  timeout "$step_timeout" "$@" >"$logs/sample.txt" 2>"$logs/sample.err" || { tail -3 "$logs/sample.err" >&2; : >"$logs/sample.failed"; }
+  echo $((($(date +%s%N) - t0) / 1000000))
+}
+rate() {  # name, then the command without its token count (the last argument is the flag's name)
+  local name=$1
+  shift
+  local one many
+  one=$(ms_of "$@"1)
+  many=$(ms_of "$@"1001)
+  printf '  %-44s %6d ms for 1000 tokens + start-up, %7.0f tokens/s without start-up: %s\n' "$name" "$many" \
+    "$(awk -v a="$one" -v b="$many" 'BEGIN { print (b > a ? 1000000 / (b - a) : 0) }')" "$(head -c 60 "$logs/sample.txt" | tr '\n' ' ')"
+}
+ours_sample=("$bin/nanogpt" sample --out_dir="$work/ours_bf16" --device=cuda --num_samples=1 --seed=1 --max_new_tokens=)
+rate "nanogpt-cpp (KV cache, bf16)" "${ours_sample[@]}"
+rate "nanogpt-cpp (KV cache, float32)" "${ours_sample[@]:0:${#ours_sample[@]}-1}" --dtype=float32 --max_new_tokens=
+rate "nanogpt-cpp --no_cache (bf16)" "${ours_sample[@]:0:${#ours_sample[@]}-1}" --no_cache --max_new_tokens=
+rate "nanogpt-cpp --beam=4 (bf16)" "${ours_sample[@]:0:${#ours_sample[@]}-1}" --beam=4 --max_new_tokens=
+if [[ -f $work/nano_False/ckpt.pt ]]; then
+  (cd "$work/nanoGPT" && rate "nanoGPT sample.py (bf16, --compile=False)" env PYTHONPATH="$work/stub" "$py" sample.py \
+    --out_dir="$work/nano_False" --device=cuda --dtype=bfloat16 --compile=False --num_samples=1 --max_new_tokens=)
+fi
+[[ ! -f $logs/sample.failed ]] || tests_ok=0
 echo
 "$py" - "$logs" "$iters" <<'PY'
 import re, statistics, sys

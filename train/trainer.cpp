@@ -14,6 +14,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "io/atomic_file.h"
 #include "data/prepare.h"
@@ -406,6 +407,7 @@ TrainResult Trainer::run_loop() {
   const double flops_per_iter = model_->flops_per_token() * static_cast<double>(tokens_per_iter);
   const auto run_start = Clock::now();
   auto last_save = Clock::now();  // checkpoint_minutes counts from here
+  bool plot_warned = false;        // a figure that cannot be drawn is said once, not at every eval
   std::vector<double> step_ms;
   bool skip_eval = resumed_eval_done_;
   StepOptions step_options;
@@ -439,7 +441,7 @@ TrainResult Trainer::run_loop() {
         try {
           viz::plot_loss_curves(metrics_path, config_.out_dir + "/loss.png");
         } catch (const std::exception& e) {
-          log_->warn("[plot] {}", e.what());
+          if (!std::exchange(plot_warned, true)) log_->warn("[plot] {} (said once per run)", e.what());
         }
       }
       const bool improved = val_loss < best_val_loss_;
