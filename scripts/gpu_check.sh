@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The check to run first on a machine with a CUDA GPU and PyTorch installed (no package index needed),
-# in about 8 minutes on one H200 with 16 cores:
+# in about 3 minutes on one H200 with 16 cores once built:
 #   1. builds nanogpt-cpp against that PyTorch's LibTorch (the program, its CUDA plugin, and the tests
 #      that run here: the CUDA tests, the device mix-up tests and the command-line tests);
-#   2. runs those tests;
+#   2. runs the CUDA and device tests (the command-line tests run last, after the table);
 #   3. trains the full Shakespeare preset for GPU_CHECK_ITERS iterations (default 200) in bf16 beside
 #      nanoGPT's train.py on the same GPU (--compile=False and --compile=True), then in float16 with
 #      loss scaling, then under torchrun with NCCL (one process per GPU);
-#   4. samples from the bf16 run on the GPU;
+#   4. samples from the bf16 run on the GPU beside nanoGPT's sample.py (tokens/s, start-up taken out);
 #   5. prints one table: median ms/iter of the logged iterations from 10 on, tokens/s, MFU against the
 #      GPU's dense bf16 peak, val loss at the last iteration, and peak GPU memory of each run.
 #
