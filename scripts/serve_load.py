@@ -177,7 +177,7 @@ def load(port, seconds, clients, seed, stats, timeout):
 
 
 def settle(port, pid, timeout):
-    """Waits until the server is idle (no busy slot, empty queue, fds back down); returns when it is or at the timeout."""
+    """Waits until /metrics shows no busy slot and an empty queue, or the timeout; returns what it shows last."""
     deadline = time.time() + timeout
     while True:
         busy, queued = metric(port, "nanogpt_busy_slots"), metric(port, "nanogpt_queue_depth")
