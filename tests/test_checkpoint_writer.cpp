@@ -167,13 +167,13 @@ TEST(CheckpointWriter, ABackgroundSaveHoldsTheStateOfItsIterationByteForByte) {
     EXPECT_FALSE(fs::exists(background)) << "written before the pause ended: the test proves nothing";
     writer.finish();
   }
-  EXPECT_EQ(read_text(background), read_text(foreground));
+  EXPECT_TRUE(read_text(background) == read_text(foreground)) << "the background file differs from the foreground one";
   // ... and it is not the changed state.
   Trained changed;
   changed.change_everything();
   const std::string now = dir.path + "/now.safetensors";
   train::save_checkpoint(now, changed.model, *changed.optimizer, changed.meta);
-  EXPECT_NE(read_text(now), read_text(foreground));
+  EXPECT_FALSE(read_text(now) == read_text(foreground)) << "change_everything() changed nothing";
 }
 
 // The same on a GPU: the snapshot is a device-to-host copy (into pinned memory), taken before
@@ -191,7 +191,7 @@ TEST(CheckpointWriter, AGpuSnapshotHoldsTheStateOfItsIterationByteForByte) {
     t.change_everything();
     writer.finish();
   }
-  EXPECT_EQ(read_text(background), read_text(foreground));
+  EXPECT_TRUE(read_text(background) == read_text(foreground)) << "the background file differs from the foreground one";
   EXPECT_NO_THROW(train::load_model(background));
 }
 
@@ -216,8 +216,8 @@ TEST(CheckpointWriter, ASecondSaveWaitsForTheFirstAndBothHoldTheirOwnState) {
     t.change_everything();
     writer.finish();
   }
-  EXPECT_EQ(read_text(first), read_text(expect_first));
-  EXPECT_EQ(read_text(second), read_text(expect_second));
+  EXPECT_TRUE(read_text(first) == read_text(expect_first)) << "the first save holds another state";
+  EXPECT_TRUE(read_text(second) == read_text(expect_second)) << "the second save holds another state";
   EXPECT_EQ(train::read_checkpoint_meta(second).iter, 2);
 }
 
@@ -255,6 +255,24 @@ TEST(CheckpointWriter, AFailedBackgroundWriteIsOneErrorOnTheTrainingThread) {
     }
   }
   EXPECT_TRUE(thrown);
+}
+
+// The run's last save failing in the background (ckpt_best's path is taken by a folder) fails the
+// run with the usual one line: the end of the run waits for the write and reports its error.
+TEST(CheckpointWriter, ALastSaveThatFailsInTheBackgroundFailsTheRun) {
+  TempDir dir("ckpt_writer_last_fails");
+  auto c = tiny_config(dir.path);
+  c.max_iters = 10;  // one save, at the end: ckpt_last, then ckpt_best
+  const std::string best = c.out_dir + "/" + train::kBestCheckpoint;
+  fs::create_directories(best);
+  try {
+    train::Trainer(c, true).run();
+    FAIL() << "the run succeeded though its last save failed";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("[ckpt] cannot write '" + best + "'", 0), 0u) << what;
+  }
+  EXPECT_EQ(train::read_checkpoint_meta(c.out_dir + "/" + train::kLastCheckpoint).iter, 10);
 }
 
 // A trainer that saves in the background and one that saves on its own thread write the same
