@@ -142,4 +142,20 @@ std::string describe_char(char32_t cp) {
 
 std::string escape_controls(std::string_view text) { return io::printable(text, io::Escape::controls); }
 
+std::string replace_invalid_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    const Utf8Step step = decode_utf8_step(bytes, i);
+    if (step.length > 0) {
+      out.append(bytes.substr(i, static_cast<size_t>(step.length)));
+      i += static_cast<size_t>(step.length);
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      i += static_cast<size_t>(std::max(step.bad_length, 1));
+    }
+  }
+  return out;
+}
+
 }  // namespace nanogpt::data

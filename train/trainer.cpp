@@ -140,6 +140,8 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   prep.out_dir = config_.dataset;
   prep.val_fraction = config_.val_fraction;
   prep.min_split_tokens = config_.model.block_size + 1;
+  prep.tokenizer = config_.tokenizer == "bpe" ? data::TokenizerKind::Bpe : data::TokenizerKind::Char;
+  prep.vocab_size = config_.vocab_size;
   const bool has_input = std::filesystem::exists(prep.input);
   if (!has_input && !std::filesystem::exists(config_.dataset + "/meta.bin"))
     throw std::runtime_error("[train] dataset '" + config_.dataset + "' has no input.txt and no meta.bin (make one with "
@@ -152,6 +154,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (group_ && is_main()) group_->barrier("the wait for rank 0 to prepare the data");
   if (prepared) log_->info("{} (prepared from {}/input.txt)", data::summary_line(meta), config_.dataset);
   vocab_ = meta.vocab;
+  val_tokens_per_char_ = data::val_tokens_per_char(meta);
   if (resume && !(resume_meta.vocab == vocab_))
     throw std::runtime_error(fmt::format(
         "[train] the checkpoint's vocabulary ({} chars) differs from dataset '{}' ({} chars): resume with the "
@@ -322,7 +325,9 @@ double Trainer::estimate_loss(const std::string& split) {
 
 std::pair<double, double> Trainer::evaluate() {
   const double train_loss = estimate_loss("train"), val_loss = estimate_loss("val");
-  log_->info("[eval] iter {} | train {:.4f} | val {:.4f}", iter_, train_loss, val_loss);
+  // Bits per character, whatever the tokenizer: nats per token x tokens per character / ln 2.
+  log_->info("[eval] iter {} | train {:.4f} | val {:.4f} | val bits/char {:.4f}", iter_, train_loss, val_loss,
+             val_loss * val_tokens_per_char_ / std::log(2.0));
   return {train_loss, val_loss};
 }
 
