@@ -94,7 +94,7 @@ bool Vocab::operator==(const Vocab& other) const {
 
 void Vocab::require_char(const std::string& tag, const std::string& what, const std::string& hint) const {
   if (!bpe_) return;
-  throw std::runtime_error(fmt::format("[{}] {} needs a character vocabulary, but this one is bpe ({} subword pieces) ({})",
+  throw std::runtime_error(fmt::format("[{}] {} needs a character vocabulary, but this one is bpe ({} subword pieces): {}",
                                        tag, what, size(), hint));
 }
 

@@ -306,7 +306,7 @@ double Trainer::estimate_loss(const std::string& split) {
   // the training generator is never touched (resume stays exact).
   const uint64_t salt = split == "val" ? 0x9e3779b97f4a7c15ULL : 0xc2b2ae3d27d4eb4fULL;
   data::BatchSampler eval_sampler(split == "val" ? val_tokens_ : train_tokens_, config_.batch_size, config_.model.block_size,
-                                  static_cast<uint64_t>(config_.seed) ^ salt ^ static_cast<uint64_t>(iter_));
+                                  static_cast<uint64_t>(config_.seed) ^ salt ^ static_cast<uint64_t>(iter_), vocab_.size());
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().device(device_));
   for (int64_t k = 0; k < config_.eval_iters; ++k) {
     if (k % world_ != rank_) {  // another rank's batch
