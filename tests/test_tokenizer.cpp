@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -20,17 +21,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
+struct Outcome {
   int rc = -1;
   std::string out, err;
 };
 
-Run run(const std::string& args, const std::string& cwd) {
+Outcome run(const std::string& args, const std::string& cwd) {
   const std::string out = cwd + "/stdout", err = cwd + "/stderr";
   const std::string cmd =
       "cd '" + cwd + "' && " + std::string(NANOGPT_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
   const int status = std::system(cmd.c_str());
-  Run r;
+  Outcome r;
   r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.out = read_text(out);
   r.err = read_text(err);
@@ -48,7 +49,7 @@ uint64_t header_count(const std::string& token_file) {  // the token count in a 
 struct BpeRun {
   TempDir dir{"tokenizer"};
   train::TrainConfig config = tiny_config(dir.path, 30000);
-  Run prepare, train;
+  Outcome prepare, train;
   BpeRun() {
     prepare = run("prepare --input data/input.txt --out_dir data/bpe --tokenizer=bpe --vocab_size=320", dir.path);
     config.dataset = "data/bpe";
@@ -97,7 +98,7 @@ TEST(Tokenizer, TheCheckpointCarriesTheTokenizer) {
 
   // 月 and the emoji: the first is rare or absent in Shakespeare, the second surely absent: byte fallback.
   const std::string prompt = "ROMEO:\n月 \xF0\x9F\x99\x82";
-  const Run sample = run("sample --ckpt elsewhere/model.safetensors --device=cpu --max_new_tokens=30 --num_samples=1 --start='" +
+  const Outcome sample = run("sample --ckpt elsewhere/model.safetensors --device=cpu --max_new_tokens=30 --num_samples=1 --start='" +
                              prompt + "'",
                          r.dir.path);
   ASSERT_EQ(sample.rc, 0) << sample.err;
@@ -106,8 +107,8 @@ TEST(Tokenizer, TheCheckpointCarriesTheTokenizer) {
   EXPECT_EQ(data::replace_invalid_utf8(sample.out), sample.out);  // whole characters only
 
   // attention: one axis label per piece of the prompt, as the tokenizer cuts it.
-  const std::string text = "First Citizen:\nBefore we proceed";
-  const Run attention =
+  const std::string text = "Before we proceed";  // fewer pieces than block_size (16): the whole prompt is drawn
+  const Outcome attention =
       run("attention --ckpt elsewhere/model.safetensors --device=cpu --layer=0 --no_heatmap --html=page.html --csv=att.csv "
           "--start='" + text + "'",
           r.dir.path);
@@ -115,6 +116,7 @@ TEST(Tokenizer, TheCheckpointCarriesTheTokenizer) {
   const std::string csv = read_text(r.dir.path + "/att.csv");
   const auto ids = meta.vocab.encode(text);
   ASSERT_LT(ids.size(), data::decode_utf8(text).size());  // fewer pieces than characters
+  ASSERT_LE(static_cast<int64_t>(ids.size()), r.config.model.block_size);
   std::string last_row_tokens;
   for (size_t j = 0; j < ids.size(); ++j) {
     std::string label = meta.vocab.piece(ids[j]);
@@ -131,28 +133,28 @@ TEST(Tokenizer, TheCheckpointCarriesTheTokenizer) {
     const size_t b = row.find(",\"", a + 1) + 1;                       // the key's label
     keys += row.substr(b, row.rfind(',') - b);
   }
-  EXPECT_EQ(keys, last_row_tokens);
+  EXPECT_EQ(keys, last_row_tokens) << row_prefix << "\n" << csv.substr(0, 300);
 }
 
 TEST(Tokenizer, WhatCannotHoldBpeRefusesInOneLine) {
   BpeRun r;
   ASSERT_EQ(r.train.rc, 0) << r.prepare.err << r.train.err;
   for (const char* format : {"nanogpt", "hf"}) {
-    const Run e = run(std::string("export --out_dir out --format=") + format + " --out=exported_" + format, r.dir.path);
+    const Outcome e = run(std::string("export --out_dir out --format=") + format + " --out=exported_" + format, r.dir.path);
     EXPECT_NE(e.rc, 0) << format;
     EXPECT_NE(e.err.find("needs a character vocabulary, but this one is bpe"), std::string::npos) << e.err;
     EXPECT_NE(e.err.find("--format=safetensors"), std::string::npos) << e.err;
     EXPECT_EQ(std::count(e.err.begin(), e.err.end(), '\n'), 1) << e.err;
     EXPECT_FALSE(fs::exists(r.dir.path + "/exported_" + format)) << format;
   }
-  const Run st = run("export --out_dir out --out=model.safetensors", r.dir.path);
+  const Outcome st = run("export --out_dir out --out=model.safetensors", r.dir.path);
   EXPECT_EQ(st.rc, 0) << st.err;
 
-  const Run bad = run("train tiny.yaml --tokenizer=char --vocab_size=300", r.dir.path);
+  const Outcome bad = run("train tiny.yaml --tokenizer=char --vocab_size=300", r.dir.path);
   EXPECT_NE(bad.rc, 0);
   EXPECT_NE(bad.err.find("vocab_size (300)"), std::string::npos) << bad.err;
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
-  const Run small = run("prepare --input data/input.txt --out_dir data/small --tokenizer=bpe --vocab_size=50", r.dir.path);
+  const Outcome small = run("prepare --input data/input.txt --out_dir data/small --tokenizer=bpe --vocab_size=50", r.dir.path);
   EXPECT_NE(small.rc, 0);
   EXPECT_NE(small.err.find("vocab_size (50) is too small"), std::string::npos) << small.err;
   EXPECT_EQ(std::count(small.err.begin(), small.err.end(), '\n'), 1) << small.err;
