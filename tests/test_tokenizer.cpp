@@ -154,6 +154,11 @@ TEST(Tokenizer, WhatCannotHoldBpeRefusesInOneLine) {
   EXPECT_NE(bad.rc, 0);
   EXPECT_NE(bad.err.find("vocab_size (300)"), std::string::npos) << bad.err;
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  // A prepared folder without input.txt cannot become another tokenizer: said, not ignored.
+  const Outcome other = run("train tiny.yaml --tokenizer=bpe --vocab_size=400", r.dir.path);
+  EXPECT_NE(other.rc, 0);
+  EXPECT_NE(other.err.find("not bpe with vocab_size 400"), std::string::npos) << other.err;
+  EXPECT_EQ(std::count(other.err.begin(), other.err.end(), '\n'), 1) << other.err;
   const Outcome small = run("prepare --input data/input.txt --out_dir data/small --tokenizer=bpe --vocab_size=50", r.dir.path);
   EXPECT_NE(small.rc, 0);
   EXPECT_NE(small.err.find("vocab_size (50) is too small"), std::string::npos) << small.err;

@@ -153,6 +153,12 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   auto meta = has_input ? data::ensure_prepared(prep, &prepared) : data::read_meta(config_.dataset);
   if (group_ && is_main()) group_->barrier("the wait for rank 0 to prepare the data");
   if (prepared) log_->info("{} (prepared from {}/input.txt)", data::summary_line(meta), config_.dataset);
+  if (!has_input && config_.tokenizer == "bpe" &&
+      (meta.vocab.kind() != data::TokenizerKind::Bpe || meta.vocab.requested_vocab_size() != config_.vocab_size))
+    throw std::runtime_error(fmt::format(
+        "[train] dataset '{}' holds a {} tokenizer ({} tokens), not bpe with vocab_size {}, and no input.txt to prepare "
+        "again: drop --tokenizer/--vocab_size (the folder's own tokenizer trains), or run `nanogpt prepare` with them",
+        config_.dataset, meta.vocab.kind_name(), meta.vocab.size(), config_.vocab_size));
   vocab_ = meta.vocab;
   val_tokens_per_char_ = data::val_tokens_per_char(meta);
   if (resume && !(resume_meta.vocab == vocab_))
