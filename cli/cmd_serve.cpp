@@ -49,7 +49,8 @@ void run_serve(ServeArgs a) {
   if (o.port < 0 || o.port > 65535) bad(fmt::format("--port ({}) must be in [0, 65535] (0 = any free port)", o.port));
   for (auto [name, value] : {std::pair{"--parallel", o.parallel}, {"--queue", o.queue}, {"--max_body_bytes", o.max_body_bytes},
                              {"--max_prompt_tokens", o.max_prompt_tokens}, {"--max_tokens", o.max_tokens},
-                             {"--max_n", o.max_n}, {"--connections", o.connections}, {"--timeout", o.read_timeout_s}})
+                             {"--max_n", o.max_n}, {"--max_attention_tokens", o.max_attention_tokens},
+                             {"--connections", o.connections}, {"--timeout", o.read_timeout_s}})
     if (value < 1) bad(fmt::format("{} ({}) must be >= 1", name, value));
   if (a.quantize != "none" && a.quantize != "int8" && a.quantize != "int4")
     bad("--quantize (" + a.quantize + ") must be none, int8 or int4");
@@ -119,6 +120,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max_prompt_tokens", o.max_prompt_tokens, "Longest prompt, in characters")->capture_default_str();
   cmd->add_option("--max_tokens", o.max_tokens, "Most tokens one request may ask for")->capture_default_str();
   cmd->add_option("--max_n", o.max_n, "Most choices (n) per prompt")->capture_default_str();
+  cmd->add_option("--max_attention_tokens", o.max_attention_tokens,
+                  "Longest text POST /v1/attention looks at, in characters (and at most the model's block_size)")
+      ->capture_default_str();
   cmd->add_option("--connections", o.connections, "Connections served at once (their threads)")->capture_default_str();
   cmd->add_option("--timeout", o.read_timeout_s, "Seconds a client may stay silent (reading or writing) before it is dropped")
       ->capture_default_str();

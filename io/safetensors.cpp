@@ -123,7 +123,8 @@ std::string header_json(const std::vector<std::pair<std::string, torch::Tensor>>
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata, std::string_view tag) {
+                       const std::map<std::string, std::string>& metadata, std::string_view tag,
+                       const std::function<void(size_t)>& after_tensor) {
   auto fail = [&](const std::string& what) {
     throw std::runtime_error("[" + std::string(tag) + "] cannot write '" + path + "': " + what);
   };
@@ -153,9 +154,15 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
         for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(uint64_t(header.size()) >> (8 * i));
         out.write(reinterpret_cast<const char*>(length), 8);
         out.write(header.data(), static_cast<std::streamsize>(header.size()));
-        for (const auto& [name, tensor] : cpu)
+        size_t written = 0;
+        for (const auto& [name, tensor] : cpu) {
           if (tensor.nbytes() > 0)
             out.write(static_cast<const char*>(tensor.data_ptr()), static_cast<std::streamsize>(tensor.nbytes()));
+          if (after_tensor) {
+            out.flush();  // what the callback sees on disk is what was written
+            after_tensor(++written);
+          }
+        }
         out.flush();
         if (!out) throw std::runtime_error(std::string("write failed: ") + std::strerror(errno));
       },

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -28,11 +29,14 @@ struct SafeTensors {
 
 /// Writes `tensors` (any device, any strides: each is copied to contiguous CPU memory) in the
 /// given order, and `metadata` (valid UTF-8), atomically: temporary file, fsync, rename.
+/// `after_tensor(k)`, when given, is called after the bytes of the first k tensors are written to
+/// the temporary file (tests pause a write half-way with it).
 /// Throws std::runtime_error "[<tag>] cannot write '<path>': <what>" for an empty or duplicate name,
 /// the reserved name "__metadata__", an unsupported dtype, invalid UTF-8 or an I/O failure
 /// ('path' untouched then).
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata, std::string_view tag = "export");
+                       const std::map<std::string, std::string>& metadata, std::string_view tag = "export",
+                       const std::function<void(size_t tensors_written)>& after_tensor = nullptr);
 
 /// One tensor as the header describes it; the offsets are relative to the data section.
 struct TensorInfo {

@@ -4,14 +4,19 @@
 #
 #   scripts/kill_resume.sh [NANOGPT_BINARY] [KILLS]     (defaults: build/nanogpt 20)
 #   env: SEED=N (reproducible kill times), KEEP=1 (keep the work folder), NO_DISK_FULL=1,
-#        NO_TMPFS=1 (simulate the full disk with `ulimit -f` even as root)
+#        NO_TMPFS=1 (simulate the full disk with `ulimit -f` even as root),
+#        CHECKPOINT_INTERVAL=N (also save every N iterations between evaluations; default 2),
+#        ASYNC=false (save on the training thread instead of in the background: checkpoint_async)
 #
 # A tiny model (2 layers, 32 wide, block 32) trains 200 iterations on a private copy of
-# data/shakespeare_char, checkpointing every 10. Checked, with the summary at the end:
+# data/shakespeare_char, evaluating and checkpointing every 10 and saving ckpt_last every
+# CHECKPOINT_INTERVAL between them: a save is being written much of the time, so many kills land
+# in the middle of one. Checked, with the summary at the end:
 #  - after every kill: each checkpoint present loads (`nanogpt sample` on it succeeds) and the next
 #    run resumes from it (from scratch when the kill came before the first checkpoint), at an
 #    iteration >= the last one any run reported saving; leftover *.tmp.* files belong to killed
-#    processes only (a run that exits normally leaves none);
+#    processes only (a run that exits normally leaves none), and each one left by a kill counts
+#    that kill as one that landed mid-write;
 #  - the final run reaches max_iters, and metrics.csv matches an uninterrupted reference run row
 #    for row (iter, split, loss, lr): resume is exact, and no row is lost or repeated;
 #  - SIGINT / SIGTERM: exit 130 / 143, a checkpoint at the iteration the log reports, and a resume
@@ -30,6 +35,8 @@ if [[ ! -x $BIN ]]; then
   exit 2
 fi
 if [[ -n ${SEED:-} ]]; then RANDOM=$SEED; fi
+CHECKPOINT_INTERVAL=${CHECKPOINT_INTERVAL:-2}
+ASYNC=${ASYNC:-true}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nanogpt_kill_resume.XXXXXX")
 MOUNTED=""
@@ -60,6 +67,8 @@ max_iters: $MAX_ITERS
 lr_decay_iters: $MAX_ITERS
 warmup_iters: 10
 eval_interval: 10
+checkpoint_interval: $CHECKPOINT_INTERVAL
+checkpoint_async: $ASYNC
 eval_iters: 2
 log_interval: 1
 dtype: float32
@@ -121,12 +130,13 @@ if ! "$BIN" train "$WORK/ref.yaml" >"$WORK/ref.log" 2>&1; then
   exit 1
 fi
 RUN_MS=$(awk -v s="$START" -v e="$(date +%s.%N)" 'BEGIN { printf "%d", (e - s) * 1000 }')
-say "reference run: $MAX_ITERS iterations in ${RUN_MS} ms; kills land at random in 0..${RUN_MS} ms"
+say "reference run: $MAX_ITERS iterations in ${RUN_MS} ms (saves every $CHECKPOINT_INTERVAL, checkpoint_async: $ASYNC);" \
+  "kills land at random in 0..${RUN_MS} ms"
 metric_rows "$WORK/ref/metrics.csv" >"$WORK/ref_rows.csv"
 
 # --- 2. kill -9 at random moments, resume each time ---------------------------------------------
 OUT=$WORK/out
-kills=0 runs=0 scratch_starts=0 finished_early=0 max_saved=-1 resumes=0 max_orphans=0
+kills=0 runs=0 scratch_starts=0 finished_early=0 max_saved=-1 resumes=0 max_orphans=0 mid_write=0
 while ((kills < KILLS)); do
   runs=$((runs + 1))
   log=$WORK/run_$runs.log
@@ -148,6 +158,10 @@ while ((kills < KILLS)); do
     kills=$((kills + 1))
     ORPHAN_PIDS+="$pid "
     what="kill $kills/$KILLS ($mode run, after ${delay_ms} ms)"
+    if compgen -G "$OUT/ckpt_*.tmp.$pid.*" >/dev/null; then
+      mid_write=$((mid_write + 1))
+      what+=" mid-write"
+    fi
   else
     wait "$pid"
     rc=$?
@@ -170,7 +184,8 @@ while ((kills < KILLS)); do
   count_tmp_files "$OUT" "$WORK/data"
   orphans=$TMP_COUNT
   ((orphans > max_orphans)) && max_orphans=$orphans
-  iter_now=$(grep -o 'ckpt_last.safetensors (iter [0-9]*)' "$log" | tail -1)
+  iter_now=$(grep -o 'ckpt_last.safetensors (iter [0-9]*' "$log" | tail -1)
+  [[ -n $iter_now ]] && iter_now+=")"
   say "$what: exit $rc; ${iter_now:-no checkpoint saved in this run}; temp files left: $orphans"
   if ((rc == 0)) && grep -q "done at iter $MAX_ITERS" "$log"; then
     finished_early=$((finished_early + 1))
@@ -292,8 +307,8 @@ if [[ -z ${NO_DISK_FULL:-} ]]; then disk_full_check; fi
 
 # --- summary -------------------------------------------------------------------------------------
 say "summary: $kills kills over $runs runs ($resumes resumed, $scratch_starts from scratch, $finished_early finished" \
-  "before their kill); checkpoints loaded after every kill; at most $max_orphans orphaned temp file(s) from killed" \
-  "runs at once, $leftover at the end"
+  "before their kill), $mid_write of the kills in the middle of a checkpoint write; checkpoints loaded after every" \
+  "kill; at most $max_orphans orphaned temp file(s) from killed runs at once, $leftover at the end"
 if ((FAILURES > 0)); then
   say "FAILED: $FAILURES check(s)"
   exit 1

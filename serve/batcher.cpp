@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <numeric>
 #include <random>
 
@@ -76,16 +77,70 @@ void Batcher::stop() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
+  stop_requested_ = true;
   wake_.notify_all();
 }
 
 int64_t Batcher::queued() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int64_t>(queue_.size());
+  return static_cast<int64_t>(queue_.size()) + task_sequences_;
+}
+
+void Batcher::post(Task task, int64_t sequences) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) throw RequestError(503, "the server is shutting down", "", "shutting_down", "server_error");
+    const int64_t waiting = static_cast<int64_t>(queue_.size()) + task_sequences_;
+    if (waiting + sequences > options_.queue)
+      throw RequestError(503, fmt::format("the queue is full ({} sequences waiting for {} slots): retry shortly", waiting,
+                                          options_.parallel),
+                         "", "queue_full", "server_error");
+    tasks_.emplace_back(std::move(task), sequences);
+    task_sequences_ += sequences;
+  }
+  wake_.notify_all();
+}
+
+void Batcher::run_on_model_thread(const std::function<void()>& work) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto result = done->get_future();
+  post(
+      [done, &work](bool abandon) {  // `work` outlives the task: this thread waits for it below
+        if (abandon) {
+          done->set_exception(std::make_exception_ptr(
+              RequestError(503, "the server is shutting down", "", "shutting_down", "server_error")));
+          return;
+        }
+        try {
+          work();
+          done->set_value();
+        } catch (...) {
+          done->set_exception(std::current_exception());
+        }
+      },
+      1);
+  result.get();
 }
 
 std::shared_ptr<Job> Batcher::submit(const CompletionRequest& request) {
   auto job = std::make_shared<Job>();
+  if (request.beam > 0) {  // one task on the model's thread: the whole search, then every choice at once
+    const int64_t choices = static_cast<int64_t>(request.prompts.size()) * request.n;
+    job->open_choices_ = choices;
+    auto copy = std::make_shared<CompletionRequest>(request);
+    post(
+        [this, job, copy, choices](bool abandon) {
+          if (!abandon) return beam(job, *copy);
+          for (int64_t i = 0; i < choices; ++i) {
+            ChoiceEvent event;
+            event.index = i;
+            event.finish = "abort";
+            job->push(std::move(event));
+          }
+        },
+        choices);
+    return job;
+  }
   std::vector<std::unique_ptr<Choice>> choices;
   const auto now = Clock::now();
   std::random_device entropy;
@@ -110,7 +165,7 @@ std::shared_ptr<Job> Batcher::submit(const CompletionRequest& request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) throw RequestError(503, "the server is shutting down", "", "shutting_down", "server_error");
-    if (static_cast<int64_t>(queue_.size() + choices.size()) > options_.queue)
+    if (static_cast<int64_t>(queue_.size() + choices.size()) + task_sequences_ > options_.queue)
       throw RequestError(503,
                          fmt::format("the queue is full ({} sequences waiting for {} slots): retry shortly",
                                      queue_.size(), options_.parallel),
@@ -140,22 +195,32 @@ void Batcher::loop() {
   runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, options_.bf16);
   std::vector<std::unique_ptr<Choice>> active;
   while (true) {
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty() || !tasks_.empty(); });
       if (stopping_) {
         for (auto& c : active) finish(*c, "abort");
         for (auto& c : queue_) finish(*c, "abort");
+        for (auto& t : tasks_) t.first(/*abandon=*/true);
         active.clear();
         queue_.clear();
+        tasks_.clear();
+        task_sequences_ = 0;
         busy_ = 0;
         return;
+      }
+      if (!tasks_.empty()) {  // one task between two steps: the sequences in slots wait for it
+        task = std::move(tasks_.front().first);
+        task_sequences_ -= tasks_.front().second;
+        tasks_.pop_front();
       }
       while (static_cast<int64_t>(active.size()) < options_.parallel && !queue_.empty()) {  // join between steps
         active.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
     }
+    if (task) task(/*abandon=*/false);  // catches what it throws (it hands errors to its requester)
     // Leave at once: cancelled (the client went away) and nothing-to-generate choices.
     active.erase(std::remove_if(active.begin(), active.end(),
                                 [&](std::unique_ptr<Choice>& c) {
@@ -189,6 +254,14 @@ size_t find_stop(const std::string& text, const std::vector<std::string>& stops,
   return best;
 }
 
+// log(sum(exp(row))), shifted by the row's largest value.
+double log_sum_exp(const float* row, int64_t V) {
+  const float top = *std::max_element(row, row + V);
+  double sum = 0.0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - top);
+  return top + std::log(sum);
+}
+
 // Bytes at the end of `text` that could be the start of a stop string: held back until it is clear.
 size_t held_back(const std::string& text, const std::vector<std::string>& stops) {
   size_t hold = 0;
@@ -202,6 +275,56 @@ size_t held_back(const std::string& text, const std::vector<std::string>& stops)
 }
 
 }  // namespace
+
+void Batcher::beam(const std::shared_ptr<Job>& job, const CompletionRequest& r) {
+  const auto arrived = Clock::now();
+  model::BeamOptions options;
+  options.width = r.beam;
+  options.quantize = quantize_;
+  size_t longest_stop = 0;
+  for (const auto& s : r.stop) longest_stop = std::max(longest_stop, s.size());
+  for (size_t p = 0; p < r.prompts.size(); ++p) {
+    const auto& prompt = r.prompts[p];
+    const size_t P = prompt.size();
+    bool interrupted = false;
+    // A beam ends at a stop string (it lies in the last longest_stop tokens: a token is >= 1 byte),
+    // and every beam ends when the client went away or the server stops.
+    const auto finished = [&](const std::vector<int64_t>& tokens) {
+      if (job->cancelled() || stop_requested_) return interrupted = true;
+      if (r.stop.empty()) return false;
+      const size_t from = std::max(P, tokens.size() > longest_stop ? tokens.size() - longest_stop : 0);
+      const std::string tail = vocab_.decode(std::vector<int64_t>(tokens.begin() + static_cast<int64_t>(from), tokens.end()));
+      return find_stop(tail, r.stop, 0) != std::string::npos;
+    };
+    std::vector<model::Beam> beams;
+    try {
+      beams = model::beam_search(model_, prompt, r.max_tokens, options, finished);
+    } catch (const std::exception& e) {  // non-finite logits: this request's choices end
+      job->fail(e.what());
+    }
+    for (int64_t i = 0; i < r.n; ++i) {
+      ChoiceEvent event;
+      event.index = static_cast<int64_t>(p) * r.n + i;
+      if (i < static_cast<int64_t>(beams.size())) {
+        const auto& b = beams[static_cast<size_t>(i)];
+        event.text = vocab_.decode(std::vector<int64_t>(b.tokens.begin() + static_cast<int64_t>(P), b.tokens.end()));
+        event.generated = b.generated;
+        const size_t stop_at = r.stop.empty() ? std::string::npos : find_stop(event.text, r.stop, 0);
+        if (stop_at != std::string::npos) {
+          event.text.resize(stop_at);
+          event.finish = "stop";
+        } else {
+          event.finish = interrupted ? "abort" : b.generated >= r.max_tokens ? "length" : "stop";
+        }
+      } else {
+        event.finish = "abort";
+      }
+      metrics_.tokens(static_cast<int64_t>(P), event.generated);
+      metrics_.finished(std::chrono::duration<double>(Clock::now() - arrived).count());
+      job->push(std::move(event));
+    }
+  }
+}
 
 void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::SequenceStepper& stepper) {
   std::vector<model::Sequence*> batch;
@@ -226,14 +349,12 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
     Choice& c = *active[b];
     const int64_t token = c.seq.tokens.back();
     const float* row = all_logits + b * V;
-    // log-softmax at temperature 1: the model's own log-probability of each token
-    const float top = *std::max_element(row, row + V);
-    double sum = 0.0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - top);
-    const double log_z = top + std::log(sum);
     TokenInfo info;
     info.text = vocab_.decode_one(token);
-    info.logprob = row[token] - log_z;
+    // log-softmax at temperature 1 (the model's own log-probability of each token), only when asked:
+    // V exps a sequence a step cost more than the rest of this loop (7443 characters: ~75 us)
+    const double log_z = c.logprobs ? log_sum_exp(row, V) : 0.0;
+    if (c.logprobs) info.logprob = row[token] - log_z;
     if (c.logprobs && *c.logprobs > 0) {
       std::iota(order.begin(), order.end(), 0);
       const int64_t k = std::min<int64_t>(*c.logprobs, V);

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -77,6 +78,11 @@ class Batcher {
   /// room for them all (nothing queued then), or when the server is stopping.
   std::shared_ptr<Job> submit(const CompletionRequest& request);
 
+  /// Runs `work` on the model's thread between two decode steps and returns when it has run,
+  /// rethrowing what it threw (POST /v1/attention: the model is touched by this thread only).
+  /// Throws RequestError 503 when the queue is full or the server is stopping.
+  void run_on_model_thread(const std::function<void()>& work);
+
   /// Stops taking requests; the sequences in flight end with finish "abort" after their next
   /// token; those waiting end at once. Returns at once; the destructor joins.
   void stop();
@@ -86,6 +92,11 @@ class Batcher {
 
  private:
   struct Choice;  // one sequence: its job, index, text so far and limits
+  /// Work for the model's thread between steps (a beam search, attention weights): called with
+  /// `abandon` true instead when the server stops first.
+  using Task = std::function<void(bool abandon)>;
+  void post(Task task, int64_t sequences);  // throws RequestError 503 as submit()
+  void beam(const std::shared_ptr<Job>& job, const CompletionRequest& request);
   void loop();
   void step(std::vector<std::unique_ptr<Choice>>& active, model::SequenceStepper& stepper);
   void finish(Choice& c, const std::string& reason);
@@ -98,7 +109,10 @@ class Batcher {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Choice>> queue_;
+  std::deque<std::pair<Task, int64_t>> tasks_;  // with the sequences each counts for in the queue
+  int64_t task_sequences_ = 0;
   bool stopping_ = false;
+  std::atomic<bool> stop_requested_{false};  // for a beam search in progress
   std::atomic<int64_t> busy_{0};
   std::unique_ptr<model::SequenceStepper> stepper_;  // the model in eval mode while the batcher lives
   std::thread thread_;

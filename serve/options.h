@@ -19,6 +19,7 @@ struct ServerOptions {
   int64_t max_tokens = 4096;              // the most a request may ask to generate (max_tokens)
   int64_t max_n = 8;                      // choices per prompt (n)
   int64_t max_prompts = 16;               // prompts in one request (a list)
+  int64_t max_attention_tokens = 256;     // characters POST /v1/attention looks at (and the model's block_size)
   int64_t connections = 96;               // connections served at once (more wait to be accepted)
   int64_t read_timeout_s = 10;            // a client that sends nothing for this long is dropped
   int64_t write_timeout_s = 10;           // a client that reads nothing for this long is dropped

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -143,10 +144,53 @@ CompletionRequest parse_completion_request(const std::string& body, const data::
       if (s.size() > 256) bad("stop", "strings must be at most 256 bytes");
     }
   }
+  if (has("beam")) {
+    r.beam = integer(j.at("beam"), "beam", 0, limits.max_n);
+    if (r.beam > 0 && r.n > r.beam)
+      bad("n", fmt::format("({}) must be at most beam ({}): the choices are the best beams", r.n, r.beam));
+    if (r.beam > 0 && r.logprobs) bad("logprobs", "is not available with beam search (beam): leave it out");
+  }
   if (has("model") && !j.at("model").is_string()) bad("model", "must be a string", "invalid_type");
   if (static_cast<int64_t>(r.prompts.size()) * r.n > limits.max_n * limits.max_prompts)
     bad("n", fmt::format("{} prompts x n = {} choices is more than {}", r.prompts.size(), r.n,
                          limits.max_n * limits.max_prompts));
+  return r;
+}
+
+AttentionRequest parse_attention_request(const std::string& body, const data::Vocab& vocab, int64_t max_tokens) {
+  const json j = parse_json_object(body);
+  const auto text = [&](const char* field, bool required) -> std::string {
+    if (!j.contains(field) || j.at(field).is_null()) {
+      if (required) bad(field, "is required (a string)", "missing_required");
+      return "";
+    }
+    if (!j.at(field).is_string()) bad(field, fmt::format("must be a string, got {}", j.at(field).type_name()), "invalid_type");
+    const std::string s = j.at(field).get<std::string>();
+    if (static_cast<int64_t>(s.size()) > 4 * max_tokens) bad(field, fmt::format("is longer than {} characters", max_tokens));
+    return s;
+  };
+  AttentionRequest r;
+  r.tokens = encode_text(text("prompt", true), vocab, "prompt");
+  if (r.tokens.empty()) bad("prompt", "is empty: give at least one character");
+  r.prompt_tokens = static_cast<int64_t>(r.tokens.size());
+  const auto completion = encode_text(text("completion", false), vocab, "completion");
+  r.tokens.insert(r.tokens.end(), completion.begin(), completion.end());
+  const bool truncate = j.contains("truncate") && !j.at("truncate").is_null() && boolean(j.at("truncate"), "truncate");
+  if (truncate && static_cast<int64_t>(r.tokens.size()) > max_tokens) {
+    r.dropped = static_cast<int64_t>(r.tokens.size()) - max_tokens;
+    r.tokens.erase(r.tokens.begin(), r.tokens.begin() + r.dropped);
+    r.prompt_tokens = std::max<int64_t>(1, r.prompt_tokens - r.dropped);
+  }
+  if (static_cast<int64_t>(r.tokens.size()) > max_tokens)
+    bad(completion.empty() ? "prompt" : "completion",
+        fmt::format("makes {} characters with the prompt; at most {} (the context window, or --max_attention_tokens)",
+                    r.tokens.size(), max_tokens));
+  if (j.contains("format") && !j.at("format").is_null()) {
+    if (!j.at("format").is_string()) bad("format", "must be \"json\" or \"html\"", "invalid_type");
+    const std::string format = j.at("format").get<std::string>();
+    if (format != "json" && format != "html") bad("format", fmt::format("must be \"json\" or \"html\", got \"{}\"", format));
+    r.html = format == "html";
+  }
   return r;
 }
 

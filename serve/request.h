@@ -43,12 +43,31 @@ struct CompletionRequest {
   std::optional<int64_t> logprobs;            // 0 .. 5 alternatives per token; absent: no logprobs
   bool echo = false;                          // the prompt before the generated text
   bool stream = false;                        // server-sent events
+  /// An extension of OpenAI's fields: beam search of this width (model::beam_search) instead of
+  /// sampling; 0 = off. The n best beams are the choices (n <= beam); temperature, top_k, top_p and
+  /// seed do not apply, logprobs is refused. Streamed, each choice arrives whole in one event.
+  int64_t beam = 0;
+};
+
+/// The body of POST /v1/attention: every head's attention weights over prompt + completion.
+struct AttentionRequest {
+  std::vector<int64_t> tokens;   // prompt + completion, token ids (1 .. the limit)
+  int64_t prompt_tokens = 0;     // the prompt's share (>= 1)
+  int64_t dropped = 0;           // "truncate": true: tokens dropped from the front to fit the limit
+  bool html = false;             // "format": "html": the attention explorer page; else JSON
 };
 
 /// Parses and checks `body` (the raw request body). Throws RequestError: 400 for invalid JSON, a
 /// wrong type, a value out of range or a character outside the vocabulary (naming the field).
 CompletionRequest parse_completion_request(const std::string& body, const data::Vocab& vocab,
                                            const ServerOptions& limits);
+
+/// Parses and checks the body of POST /v1/attention: {"prompt": string (non-empty), "completion":
+/// string (default ""), "format": "json" | "html", "truncate": bool}; prompt + completion at most
+/// `max_tokens` characters (the server's --max_attention_tokens and the model's block_size), or with
+/// "truncate": true the last `max_tokens` of them (the window's first token then counts as the
+/// prompt when the window starts inside the completion). Throws RequestError 400 naming the field.
+AttentionRequest parse_attention_request(const std::string& body, const data::Vocab& vocab, int64_t max_tokens);
 
 /// The body as a JSON object, or RequestError 400 (invalid JSON, not an object).
 nlohmann::json parse_json_object(const std::string& body);

@@ -19,6 +19,7 @@
 #include "serve/metrics.h"
 #include "serve/playground_html.h"
 #include "serve/request.h"
+#include "viz/attention_explorer.h"
 
 namespace nanogpt::serve {
 
@@ -84,8 +85,9 @@ class Listener : public httplib::Server {
 
 struct Server::Impl {
   Impl(model::GPT& model, const data::Vocab& v, const ServerOptions& o, model::Quantize q)
-      : vocab(v), options(o), batcher(model, v, o, metrics, q) {}
+      : model(model), vocab(v), options(o), batcher(model, v, o, metrics, q) {}
 
+  model::GPT& model;
   const data::Vocab& vocab;
   ServerOptions options;
   Metrics metrics;
@@ -96,6 +98,7 @@ struct Server::Impl {
 
   void routes();
   void completions(const httplib::Request& req, httplib::Response& res);
+  void attention(const httplib::Request& req, httplib::Response& res);
 };
 
 void Server::Impl::routes() {
@@ -176,6 +179,36 @@ void Server::Impl::routes() {
     res.set_content(json{{"content", vocab.decode(ids)}}.dump(), "application/json");
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
+  http.Post("/v1/attention", [this](const httplib::Request& req, httplib::Response& res) { attention(req, res); });
+}
+
+// Every head's attention weights over a text (the attention explorer's data, viz/attention_explorer.h):
+// one forward pass on the model's thread, between two decode steps.
+void Server::Impl::attention(const httplib::Request& req, httplib::Response& res) {
+  const int64_t limit = std::min(options.max_attention_tokens, model->config().block_size);
+  const AttentionRequest request = parse_attention_request(req.body, vocab, limit);
+  if (stopping) throw RequestError(503, "the server is shutting down", "", "shutting_down", "server_error");
+  const auto T = static_cast<int64_t>(request.tokens.size());
+  viz::ExplorerData explorer;
+  batcher.run_on_model_thread([&] {
+    const auto device = model->parameters().front().device();
+    const torch::Tensor idx = torch::tensor(request.tokens, torch::kLong).view({1, T}).to(device);  // (1, T)
+    for (const torch::Tensor& map : model->attention_maps(idx))  // per layer (1, nh, T, T)
+      explorer.layers.push_back(map[0].to(torch::kCPU, torch::kFloat));
+  });
+  for (int64_t id : request.tokens) explorer.tokens.push_back(vocab.decode_one(id));
+  explorer.prompt_tokens = request.prompt_tokens;
+  explorer.title = fmt::format("attention | {} | {} prompt + {} generated tokens", options.model_name,
+                               request.prompt_tokens, T - request.prompt_tokens);
+  if (request.html) {
+    res.set_content(viz::attention_explorer_html(explorer), "text/html; charset=utf-8");
+    return;
+  }
+  json out = viz::attention_explorer_json(explorer);
+  out["object"] = "attention";
+  out["model"] = options.model_name;
+  out["dropped"] = request.dropped;
+  res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {

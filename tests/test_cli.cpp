@@ -1,7 +1,6 @@
 // The nanogpt program end to end: the summary line, exact resume through the CLI, samples, and
 // one clear error line (and a non-zero exit) for each kind of bad input.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,27 +10,12 @@
 #include <torch/version.h>
 
 #include "data/utf8.h"
+#include "shell.h"
 #include "train_fixture.h"
 
 using namespace nanogpt::testing;
 
 namespace {
-
-struct Run {
-  int rc = -1;
-  std::string out, err;
-};
-
-Run run(const std::string& args, const std::string& tmp) {
-  const std::string out = tmp + "/stdout", err = tmp + "/stderr";
-  const std::string cmd = std::string(NANOGPT_BINARY) + " " + args + " >" + out + " 2>" + err + " </dev/null";
-  const int status = std::system(cmd.c_str());
-  Run r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = read_text(out);
-  r.err = read_text(err);
-  return r;
-}
 
 // A tiny config file for the CLI, built from the shared fixture.
 std::string write_config(const std::string& dir, const std::string& extra = "") {
@@ -41,7 +25,7 @@ std::string write_config(const std::string& dir, const std::string& extra = "") 
   return dir + "/tiny.yaml";
 }
 
-void expect_one_error_line(const Run& r, const std::string& needle) {
+void expect_one_error_line(const Outcome& r, const std::string& needle) {
   EXPECT_NE(r.rc, 0);
   EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
@@ -52,7 +36,7 @@ void expect_one_error_line(const Run& r, const std::string& needle) {
 
 TEST(Cli, VersionNamesTheLibTorchItRuns) {
   TempDir dir("cli_version");
-  const auto r = run("--version", dir.path);
+  const auto r = run_nanogpt("--version", dir.path);
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out.rfind("nanogpt, LibTorch " + std::string(TORCH_VERSION), 0), 0u) << r.out;
 }
@@ -74,12 +58,12 @@ TEST(Cli, OutputThatCannotBeWrittenIsAnError) {
 
 TEST(Cli, PreparePrintsNanoGPTsSplit) {
   TempDir dir("cli_prepare");
-  auto r = run("prepare --input " + std::string(NANOGPT_SOURCE_DIR) + "/data/shakespeare_char/input.txt --out_dir " +
+  auto r = run_nanogpt("prepare --input " + std::string(NANOGPT_SOURCE_DIR) + "/data/shakespeare_char/input.txt --out_dir " +
                    dir.path,
                dir.path);
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out, "[data] vocab_size=65 train_tokens=1003854 val_tokens=111540\n");
-  auto t = run("prepare --input " + std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt --out_dir " + dir.path + "/tang",
+  auto t = run_nanogpt("prepare --input " + std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt --out_dir " + dir.path + "/tang",
                dir.path);
   EXPECT_EQ(t.rc, 0) << t.err;
   EXPECT_EQ(t.out.rfind("[data] vocab_size=7443 ", 0), 0u) << t.out;
@@ -88,12 +72,12 @@ TEST(Cli, PreparePrintsNanoGPTsSplit) {
 TEST(Cli, ResumeThroughTheCliIsBitwiseExact) {
   TempDir dir("cli_resume");
   const std::string cfg = write_config(dir.path);
-  auto full = run("train " + cfg + " --out_dir=" + dir.path + "/full", dir.path);
+  auto full = run_nanogpt("train " + cfg + " --out_dir=" + dir.path + "/full", dir.path);
   ASSERT_EQ(full.rc, 0) << full.err;
   EXPECT_NE(full.out.find("number of parameters: 0.03M"), std::string::npos) << full.out;
-  auto half = run("train " + cfg + " --out_dir=" + dir.path + "/half --max_iters=10", dir.path);
+  auto half = run_nanogpt("train " + cfg + " --out_dir=" + dir.path + "/half --max_iters=10", dir.path);
   ASSERT_EQ(half.rc, 0) << half.err;
-  auto resumed = run("train " + cfg + " --out_dir=" + dir.path + "/half --init_from=resume", dir.path);
+  auto resumed = run_nanogpt("train " + cfg + " --out_dir=" + dir.path + "/half --init_from=resume", dir.path);
   ASSERT_EQ(resumed.rc, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos);
   auto a = train_losses(dir.path + "/full/metrics.csv"), b = train_losses(dir.path + "/half/metrics.csv");
@@ -106,26 +90,26 @@ TEST(Cli, ResumeThroughTheCliIsBitwiseExact) {
 TEST(Cli, TrainRejectsBadInputWithOneLine) {
   TempDir dir("cli_bad_train");
   const std::string cfg = write_config(dir.path);
-  expect_one_error_line(run("train " + cfg + " --max_iters", dir.path), "--max_iters");
-  expect_one_error_line(run("train " + cfg + " --=3", dir.path), "--=3");
-  expect_one_error_line(run("train " + cfg + " --max_itters=3", dir.path), "max_itters");
-  expect_one_error_line(run("train " + cfg + " --max_iters=abc", dir.path), "max_iters");
-  expect_one_error_line(run("train " + cfg + " --n_head=5", dir.path), "n_head");
-  expect_one_error_line(run("train " + cfg + " --init_from=resume --out_dir=" + dir.path + "/none", dir.path), "no checkpoint");
-  expect_one_error_line(run("train " + cfg + " --dataset=" + dir.path + "/missing", dir.path), "input.txt");
-  expect_one_error_line(run("train " + dir.path + "/nope.yaml", dir.path), "nope.yaml");
+  expect_one_error_line(run_nanogpt("train " + cfg + " --max_iters", dir.path), "--max_iters");
+  expect_one_error_line(run_nanogpt("train " + cfg + " --=3", dir.path), "--=3");
+  expect_one_error_line(run_nanogpt("train " + cfg + " --max_itters=3", dir.path), "max_itters");
+  expect_one_error_line(run_nanogpt("train " + cfg + " --max_iters=abc", dir.path), "max_iters");
+  expect_one_error_line(run_nanogpt("train " + cfg + " --n_head=5", dir.path), "n_head");
+  expect_one_error_line(run_nanogpt("train " + cfg + " --init_from=resume --out_dir=" + dir.path + "/none", dir.path), "no checkpoint");
+  expect_one_error_line(run_nanogpt("train " + cfg + " --dataset=" + dir.path + "/missing", dir.path), "input.txt");
+  expect_one_error_line(run_nanogpt("train " + dir.path + "/nope.yaml", dir.path), "nope.yaml");
   std::ofstream(dir.path + "/bad.yaml") << "max_iters: 10\nwarmup: 3\n";
-  expect_one_error_line(run("train " + dir.path + "/bad.yaml", dir.path), "warmup");
+  expect_one_error_line(run_nanogpt("train " + dir.path + "/bad.yaml", dir.path), "warmup");
   if (!torch::cuda::is_available())
-    expect_one_error_line(run("train " + cfg + " --device=cuda", dir.path), "no CUDA GPU is available");
+    expect_one_error_line(run_nanogpt("train " + cfg + " --device=cuda", dir.path), "no CUDA GPU is available");
 }
 
 TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
   TempDir dir("cli_sample");
   const std::string cfg = write_config(dir.path);
-  ASSERT_EQ(run("train " + cfg + " --max_iters=10", dir.path).rc, 0);
+  ASSERT_EQ(run_nanogpt("train " + cfg + " --max_iters=10", dir.path).rc, 0);
   const std::string base = "sample --device=cpu --num_threads=1 --out_dir=" + dir.path + "/out --num_samples=2 --max_new_tokens=40 ";
-  auto a = run(base + "--seed=7", dir.path), b = run(base + "--seed=7", dir.path), c = run(base + "--seed=8", dir.path);
+  auto a = run_nanogpt(base + "--seed=7", dir.path), b = run_nanogpt(base + "--seed=7", dir.path), c = run_nanogpt(base + "--seed=8", dir.path);
   ASSERT_EQ(a.rc, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   EXPECT_NE(a.out, c.out);
@@ -134,58 +118,58 @@ TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
     ++separators;
   EXPECT_EQ(separators, 2u) << "nanoGPT's separator after each sample";
   EXPECT_NE(a.err.find("tok/s"), std::string::npos);
-  auto batched = run(base + "--seed=7 --batch", dir.path);
+  auto batched = run_nanogpt(base + "--seed=7 --batch", dir.path);
   EXPECT_EQ(batched.rc, 0) << batched.err;
   // 40 new tokens past block_size: without the cache, sample.py's recompute, as --exact_window.
-  auto nocache = run(base + "--seed=7 --no_cache", dir.path), exact = run(base + "--seed=7 --exact_window", dir.path);
+  auto nocache = run_nanogpt(base + "--seed=7 --no_cache", dir.path), exact = run_nanogpt(base + "--seed=7 --exact_window", dir.path);
   EXPECT_EQ(nocache.out, exact.out);
   // Beam search prints its beams best first with their log-probabilities; --show_probs a table.
-  auto beams = run(base + "--beam=2", dir.path);
+  auto beams = run_nanogpt(base + "--beam=2", dir.path);
   ASSERT_EQ(beams.rc, 0) << beams.err;
   EXPECT_NE(beams.out.find("[beam 1/2] log-probability"), std::string::npos) << beams.out;
   EXPECT_NE(beams.out.find("[beam 2/2] log-probability"), std::string::npos) << beams.out;
-  auto probs = run(base + "--seed=7 --show_probs --max_new_tokens=5", dir.path);
+  auto probs = run_nanogpt(base + "--seed=7 --show_probs --max_new_tokens=5", dir.path);
   ASSERT_EQ(probs.rc, 0) << probs.err;
   EXPECT_NE(probs.out.find("[probs]"), std::string::npos) << probs.out;
   // --dtype: sample.py's key; the summary line names the dtype the run used.
-  auto fp32 = run(base + "--seed=7 --dtype=float32", dir.path), bf16 = run(base + "--seed=7 --dtype=bfloat16", dir.path);
+  auto fp32 = run_nanogpt(base + "--seed=7 --dtype=float32", dir.path), bf16 = run_nanogpt(base + "--seed=7 --dtype=bfloat16", dir.path);
   ASSERT_EQ(fp32.rc, 0) << fp32.err;
   ASSERT_EQ(bf16.rc, 0) << bf16.err;
   EXPECT_NE(fp32.err.find("cpu, float32)"), std::string::npos) << fp32.err;
   EXPECT_NE(bf16.err.find("cpu, bfloat16)"), std::string::npos) << bf16.err;
-  expect_one_error_line(run(base + "--dtype=fp8", dir.path), "--dtype");
+  expect_one_error_line(run_nanogpt(base + "--dtype=fp8", dir.path), "--dtype");
   // --quantize int8 and int4: the summary line says so, a seed gives the same samples, beam search
   // takes it too, and what cannot run the decoder is one error line.
   for (const std::string q : {"int8", "int4"}) {
-    auto once = run(base + "--seed=7 --quantize=" + q, dir.path);
-    auto again = run(base + "--seed=7 --quantize=" + q, dir.path);
+    auto once = run_nanogpt(base + "--seed=7 --quantize=" + q, dir.path);
+    auto again = run_nanogpt(base + "--seed=7 --quantize=" + q, dir.path);
     ASSERT_EQ(once.rc, 0) << once.err;
     EXPECT_EQ(once.out, again.out) << q;
     EXPECT_NE(once.err.find(q + " weights)"), std::string::npos) << once.err;
-    EXPECT_EQ(run(base + "--beam=2 --quantize=" + q, dir.path).rc, 0) << q;
-    expect_one_error_line(run(base + "--quantize=" + q + " --no_cache", dir.path), "--no_cache");
-    expect_one_error_line(run(base + "--quantize=" + q + " --dtype=float16", dir.path),
+    EXPECT_EQ(run_nanogpt(base + "--beam=2 --quantize=" + q, dir.path).rc, 0) << q;
+    expect_one_error_line(run_nanogpt(base + "--quantize=" + q + " --no_cache", dir.path), "--no_cache");
+    expect_one_error_line(run_nanogpt(base + "--quantize=" + q + " --dtype=float16", dir.path),
                           "quantized weights run in the CPU decoder");
   }
-  expect_one_error_line(run(base + "--quantize=int2", dir.path), "--quantize");
-  expect_one_error_line(run(base + "--beam=-1", dir.path), "--beam");
-  expect_one_error_line(run(base + "--beam=2 --stream", dir.path), "--beam");
-  auto stopped = run(base + "--seed=7 --stop=e --start=T --max_new_tokens=400 --temperature=1", dir.path);
+  expect_one_error_line(run_nanogpt(base + "--quantize=int2", dir.path), "--quantize");
+  expect_one_error_line(run_nanogpt(base + "--beam=-1", dir.path), "--beam");
+  expect_one_error_line(run_nanogpt(base + "--beam=2 --stream", dir.path), "--beam");
+  auto stopped = run_nanogpt(base + "--seed=7 --stop=e --start=T --max_new_tokens=400 --temperature=1", dir.path);
   ASSERT_EQ(stopped.rc, 0);
   const auto first = stopped.out.substr(0, stopped.out.find("\n---------------"));
   EXPECT_EQ(first.back(), 'e') << first;
   EXPECT_EQ(first.find('e'), first.size() - 1) << first;
-  expect_one_error_line(run(base + "--start=Té", dir.path), "U+00E9");
-  auto skipped = run(base + "--start=Té --skip_unknown", dir.path);
+  expect_one_error_line(run_nanogpt(base + "--start=Té", dir.path), "U+00E9");
+  auto skipped = run_nanogpt(base + "--start=Té --skip_unknown", dir.path);
   EXPECT_EQ(skipped.rc, 0) << skipped.err;
   EXPECT_NE(skipped.err.find("U+00E9"), std::string::npos);
-  expect_one_error_line(run(base + "--temperature=-1", dir.path), "temperature");
-  expect_one_error_line(run(base + "--top_p=0", dir.path), "top_p");
+  expect_one_error_line(run_nanogpt(base + "--temperature=-1", dir.path), "temperature");
+  expect_one_error_line(run_nanogpt(base + "--top_p=0", dir.path), "top_p");
   // The decoder's kernel knob (for the tests) with a value it does not know: a warning, and the
   // kernels it would pick anyway (the same samples).
   if (!std::getenv("NANOGPT_KERNELS")) {
     setenv("NANOGPT_KERNELS", "avx512", 1);
-    auto unknown = run(base + "--seed=7", dir.path);
+    auto unknown = run_nanogpt(base + "--seed=7", dir.path);
     unsetenv("NANOGPT_KERNELS");
     EXPECT_EQ(unknown.rc, 0) << unknown.err;
     EXPECT_EQ(unknown.out, a.out);
@@ -196,18 +180,18 @@ TEST(Cli, SampleIsDeterministicStopsAndHandlesUnknownCharacters) {
 TEST(Cli, BrokenCheckpointsAreClearErrors) {
   TempDir dir("cli_broken_ckpt");
   const std::string cfg = write_config(dir.path);
-  ASSERT_EQ(run("train " + cfg + " --max_iters=10", dir.path).rc, 0);
+  ASSERT_EQ(run_nanogpt("train " + cfg + " --max_iters=10", dir.path).rc, 0);
   const std::string good = read_text(dir.path + "/out/ckpt_last.safetensors");
   auto write = [&](const std::string& name, const std::string& bytes) {
     std::ofstream(dir.path + "/" + name, std::ios::binary) << bytes;
     return dir.path + "/" + name;
   };
-  expect_one_error_line(run("sample --device=cpu --ckpt=" + dir.path + "/missing.safetensors", dir.path), "missing.safetensors");
-  expect_one_error_line(run("sample --device=cpu --ckpt=" + write("empty.safetensors", ""), dir.path), "empty");
-  expect_one_error_line(run("sample --device=cpu --ckpt=" + write("text.safetensors", "hello, I am not a checkpoint"), dir.path), "not a nanogpt-cpp checkpoint");
+  expect_one_error_line(run_nanogpt("sample --device=cpu --ckpt=" + dir.path + "/missing.safetensors", dir.path), "missing.safetensors");
+  expect_one_error_line(run_nanogpt("sample --device=cpu --ckpt=" + write("empty.safetensors", ""), dir.path), "empty");
+  expect_one_error_line(run_nanogpt("sample --device=cpu --ckpt=" + write("text.safetensors", "hello, I am not a checkpoint"), dir.path), "not a nanogpt-cpp checkpoint");
   for (size_t cut : {good.size() / 2, good.size() - 100, size_t{40}})
-    expect_one_error_line(run("sample --device=cpu --ckpt=" + write("cut.safetensors", good.substr(0, cut)), dir.path), "cut.safetensors");
-  expect_one_error_line(run("sample --device=cpu --out_dir=" + dir.path, dir.path), "no checkpoint");
+    expect_one_error_line(run_nanogpt("sample --device=cpu --ckpt=" + write("cut.safetensors", good.substr(0, cut)), dir.path), "cut.safetensors");
+  expect_one_error_line(run_nanogpt("sample --device=cpu --out_dir=" + dir.path, dir.path), "no checkpoint");
 }
 
 TEST(Cli, ChineseModelSamplesValidUtf8) {
@@ -222,9 +206,9 @@ TEST(Cli, ChineseModelSamplesValidUtf8) {
   c.out_dir = dir.path + "/out";
   c.max_iters = 30;
   std::ofstream(dir.path + "/zh.yaml") << nanogpt::train::to_yaml(c);
-  ASSERT_EQ(run("train " + dir.path + "/zh.yaml", dir.path).rc, 0);
+  ASSERT_EQ(run_nanogpt("train " + dir.path + "/zh.yaml", dir.path).rc, 0);
   const std::string start = poems.substr(0, 6);  // the first two characters (3 bytes each)
-  auto s = run("sample --device=cpu --num_threads=1 --out_dir=" + dir.path + "/out --start=" + start +
+  auto s = run_nanogpt("sample --device=cpu --num_threads=1 --out_dir=" + dir.path + "/out --start=" + start +
                    " --num_samples=1 --max_new_tokens=60 --temperature=1",
                dir.path);
   ASSERT_EQ(s.rc, 0) << s.err;
@@ -267,7 +251,7 @@ TEST(Cli, OnlyAGpuRunLoadsLibTorchsCudaLibraries) {
 TEST(Cli, OpenMpStartsWithAShortSpinUnlessTheUserSetOne) {
   TempDir dir("cli_openmp_spin");
   const std::string config = write_config(dir.path);
-  auto r = run("train " + config + " --max_iters=1 --eval_interval=100", dir.path);
+  auto r = run_nanogpt("train " + config + " --max_iters=1 --eval_interval=100", dir.path);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("(OpenMP spin 10000)"), std::string::npos) << r.out;
   // The malloc the build linked (runtime/host_memory.h): tcmalloc, or glibc's with its heap kept;

@@ -3,7 +3,6 @@
 // Chromium at a URL selecting a token, shades the text with that token's weights from the CSV.
 // The browser part skips, saying why, where Chromium is not installed (scripts/setup.sh installs it).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "shell.h"
 #include "train_fixture.h"
 #include "viz/figure.h"
 
@@ -21,11 +21,6 @@ using namespace nanogpt::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-int shell(const std::string& cmd) {
-  const int status = std::system(cmd.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 size_t occurrences(const std::string& text, const std::string& what) {
   size_t n = 0;

@@ -1,11 +1,11 @@
 // The scripts a new user runs first, with tiny overrides: each runs to the end and does what its
 // comment says. They run the program under test (NANOGPT_BIN), not whatever build/ holds.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdlib>
 #include <filesystem>
 
+#include "shell.h"
 #include "train_fixture.h"
 
 using namespace nanogpt::testing;
@@ -13,26 +13,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Outcome {
+struct Logged {
   int rc = -1;
   std::string log;
 };
 
 // `script args` from the source tree, with the program under test; stdout and stderr together.
-Outcome script(const std::string& line, const std::string& tmp) {
+Logged script(const std::string& line, const std::string& tmp) {
   const std::string log = tmp + "/log";
   const std::string cmd = "cd " + std::string(NANOGPT_SOURCE_DIR) + " && NANOGPT_BIN=" + NANOGPT_BINARY +
                           " OMP_NUM_THREADS=1 " + line + " >" + log + " 2>&1 </dev/null";
-  const int status = std::system(cmd.c_str());
-  Outcome r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  Logged r;
+  r.rc = shell(cmd);
   r.log = read_text(log);
   return r;
 }
 
 std::string torchrun() {  // what scripts/env.sh exports as NANOGPT_TORCHRUN
   TempDir dir("scripts_env");
-  const Outcome r = script("bash -c 'source scripts/env.sh && printf %s \"$NANOGPT_TORCHRUN\"'", dir.path);
+  const Logged r = script("bash -c 'source scripts/env.sh && printf %s \"$NANOGPT_TORCHRUN\"'", dir.path);
   return r.rc == 0 ? r.log : "";
 }
 
@@ -49,7 +48,7 @@ TEST(Scripts, TrainDdpRunsItsOwnExample) {
   if (run.empty() || !fs::exists(run)) GTEST_SKIP() << "no torchrun in the project's environment (scripts/setup.sh)";
   TempDir dir("scripts_ddp");
   tiny_config(dir.path);  // dir/data/input.txt: the first 20,000 characters of tiny Shakespeare
-  const Outcome r = script("NPROC=2 scripts/train_ddp.sh configs/shakespeare_char_cpu.yaml --dataset=" + dir.path +
+  const Logged r = script("NPROC=2 scripts/train_ddp.sh configs/shakespeare_char_cpu.yaml --dataset=" + dir.path +
                            "/data --out_dir=" + dir.path + "/out" + kTiny,
                        dir.path);
   ASSERT_EQ(r.rc, 0) << r.log;
@@ -62,7 +61,7 @@ TEST(Scripts, TrainDdpRunsItsOwnExample) {
 TEST(Scripts, TrainShakespeareSamplesFromItsOutDir) {
   TempDir dir("scripts_shakespeare");
   const std::string out = dir.path + "/mine";
-  const Outcome r = script("scripts/train_shakespeare.sh --out_dir=" + out + kTiny, dir.path);
+  const Logged r = script("scripts/train_shakespeare.sh --out_dir=" + out + kTiny, dir.path);
   ASSERT_EQ(r.rc, 0) << r.log;
   EXPECT_TRUE(fs::exists(out + "/ckpt_last.safetensors")) << r.log;
   EXPECT_NE(r.log.find("[train_shakespeare] samples from " + out), std::string::npos) << r.log;

@@ -1,36 +1,19 @@
 // What a new user meets first: the help text, one default device for every command, the attention
 // explorer without a drawing library, and the program installed under a prefix of one's own.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 
+#include "shell.h"
 #include "train_fixture.h"
 
 using namespace nanogpt::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Outcome {
-  int rc = -1;
-  std::string out, err;
-};
-
-Outcome shell(const std::string& cmd, const std::string& tmp) {
-  const std::string out = tmp + "/stdout", err = tmp + "/stderr";
-  const int status = std::system((cmd + " >" + out + " 2>" + err + " </dev/null").c_str());
-  Outcome r;
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = read_text(out);
-  r.err = read_text(err);
-  return r;
-}
-
-Outcome run_nanogpt(const std::string& args, const std::string& tmp) { return shell(std::string(NANOGPT_BINARY) + " " + args, tmp); }
 
 // The help line of `option` in `help`, up to the end of its line.
 std::string help_line(const std::string& help, const std::string& option) {
@@ -103,14 +86,14 @@ TEST(CliTraps, AttentionWritesTheExplorerWithoutAHeatmap) {
 TEST(CliTraps, InstalledProgramRunsAndFindsItsPlugin) {
   TempDir dir("traps_install");
   const std::string build = fs::path(NANOGPT_BINARY).parent_path().string(), prefix = dir.path + "/prefix";
-  Outcome r = shell(std::string("\"") + NANOGPT_CMAKE + "\" --install " + build + " --prefix " + prefix, dir.path);
+  Outcome r = shell_captured(std::string("\"") + NANOGPT_CMAKE + "\" --install " + build + " --prefix " + prefix, dir.path);
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   const std::string program = prefix + "/bin/nanogpt";
   ASSERT_TRUE(fs::exists(program)) << r.out;
-  r = shell(program + " --help", dir.path);
+  r = shell_captured(program + " --help", dir.path);
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("sample"), std::string::npos);
-  r = shell(program + " --version", dir.path);
+  r = shell_captured(program + " --version", dir.path);
   ASSERT_EQ(r.rc, 0) << r.err;
   if (!fs::exists(build + "/libnanogpt_cuda.so")) {
     EXPECT_FALSE(fs::exists(prefix + "/lib/libnanogpt_cuda.so"));

@@ -186,6 +186,35 @@ TEST(Sampling, RestoresTheModelsMode) {
   EXPECT_FALSE(model->is_training());
 }
 
+// cuDNN's attention builds a plan for every new sequence length (a decode step's length grows by
+// one each token): sampling turns it off for its duration and leaves the setting as it found it.
+TEST(Sampling, TurnsCudnnAttentionOffWhileSamplingAndRestoresIt) {
+  auto model = tiny_model();
+  auto& context = at::globalContext();
+  const bool initial = context.userEnabledCuDNNSDP();
+  for (const bool before : {true, false}) {
+    context.setSDPUseCuDNN(before);
+    std::mt19937_64 rng(7);
+    std::vector<bool> during;
+    generate(model, {1}, 1, 3, SamplingOptions{}, rng, [&](const std::vector<int64_t>&, const torch::Tensor&) {
+      during.push_back(context.userEnabledCuDNNSDP());
+      return true;
+    });
+    EXPECT_EQ(during, std::vector<bool>(3, false));
+    EXPECT_EQ(context.userEnabledCuDNNSDP(), before);
+    BeamOptions beam;
+    beam.width = 2;
+    beam_search(model, {1}, 3, beam, [&](const std::vector<int64_t>&) {
+      during.push_back(context.userEnabledCuDNNSDP());
+      return false;
+    });
+    EXPECT_EQ(during, std::vector<bool>(during.size(), false));
+    EXPECT_GT(during.size(), 3u);
+    EXPECT_EQ(context.userEnabledCuDNNSDP(), before);
+  }
+  context.setSDPUseCuDNN(initial);
+}
+
 TEST(Sampling, NonFiniteLogitsAreAnErrorNotAToken) {
   auto model = tiny_model();
   {

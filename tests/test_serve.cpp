@@ -3,7 +3,9 @@
 // names the bad field, and the server end to end through real clients (curl; the openai Python
 // client in tests/serve_openai_client.py): completions streamed and not, every kind of bad input
 // answered 4xx while the server keeps serving, the API key, a full queue, a client hanging up,
-// and SIGTERM ending the streams in flight. Loopback only, on ports the system picks.
+// beam search and attention weights against the library, a short load test that leaks nothing,
+// SIGTERM ending the streams in flight, and the playground in headless Chromium. Loopback only, on
+// ports the system picks.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -19,6 +21,7 @@
 #include <future>
 #include <random>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "model/generate.h"
@@ -464,6 +467,10 @@ TEST_F(ServeHttp, BadInputGets4xxNamingTheFieldAndServingGoesOn) {
       {R"({"prompt": "床", "max_tokens": 1e300})", 400, "max_tokens"},
       {R"({"prompt": "床", "max_tokens": 501})", 400, "max_tokens"},
       {R"({"prompt": "床", "n": 1000000})", 400, "n"},
+      {R"({"prompt": "床", "beam": 9})", 400, "beam"},          // beyond --max_n
+      {R"({"prompt": "床", "beam": "4"})", 400, "beam"},
+      {R"({"prompt": "床", "beam": 2, "n": 3})", 400, "n"},      // more choices than beams
+      {R"({"prompt": "床", "beam": 2, "logprobs": 1})", 400, "logprobs"},
   };
   for (const auto& [body, status, field] : cases) {
     auto r = curl("POST", url, body);
@@ -491,6 +498,19 @@ TEST_F(ServeHttp, BadInputGets4xxNamingTheFieldAndServingGoesOn) {
   EXPECT_EQ(missing.status, 404);
   EXPECT_EQ(curl("POST", server.url("/tokenize"), R"({"content": "hello"})").status, 400);
   EXPECT_EQ(curl("POST", server.url("/detokenize"), R"({"tokens": [-1]})").status, 400);
+  const std::string too_long(3 * 16, 'x');  // the test model's block_size is 16
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"completion": "床"})", "prompt"},
+           {R"({"prompt": ""})", "prompt"},
+           {R"({"prompt": "hello"})", "prompt"},
+           {R"({"prompt": "床", "completion": 7})", "completion"},
+           {json{{"prompt", "床"}, {"completion", std::string(20 * 3, ' ')}}.dump(), "completion"},
+           {R"({"prompt": "床", "format": "xml"})", "format"},
+           {R"({"prompt": "床", "truncate": "yes"})", "truncate"}}) {
+    auto r = curl("POST", server.url("/v1/attention"), body);
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+    EXPECT_EQ(json::parse(r.body, nullptr, false)["error"]["param"], field) << body << " -> " << r.body;
+  }
   auto ok = curl("POST", url, json{{"prompt", kPrompt}, {"max_tokens", 5}}.dump());
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(server.terminate(30), 0) << server.log();
@@ -533,6 +553,96 @@ TEST_F(ServeHttp, ClientHangingUpFreesItsSlot) {
   EXPECT_EQ(server.terminate(30), 0) << server.log();
 }
 
+// The extension field beam: the choices are model::beam_search's best beams for the prompt, in
+// order, streamed or not; POST /v1/attention gives the model's attention_maps for a text, as JSON
+// (the explorer's data) or as the explorer page, and keeps the last block_size characters when asked.
+TEST_F(ServeHttp, BeamAndAttentionMatchTheLibrary) {
+  ServerProcess server(dir_->path, out_dir());
+  ASSERT_GT(server.port(), 0) << server.log();
+  auto loaded = train::load_model(train::resolve_checkpoint(path("out")));
+  const auto prompt = loaded.vocab.encode(kPrompt);
+  model::BeamOptions width3;
+  width3.width = 3;
+  const auto beams = model::beam_search(loaded.model, prompt, 9, width3);
+  ASSERT_EQ(beams.size(), 3u);
+  const auto text_of = [&](const model::Beam& b) {
+    return loaded.vocab.decode(std::vector<int64_t>(b.tokens.begin() + static_cast<int64_t>(prompt.size()), b.tokens.end()));
+  };
+  const json request{{"prompt", kPrompt}, {"max_tokens", 9}, {"beam", 3}, {"n", 2}};
+  auto plain = curl("POST", server.url("/v1/completions"), request.dump());
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const json j = json::parse(plain.body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(j["choices"][i]["text"], text_of(beams[i])) << "beam " << i;
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 18);
+  json streamed = request;
+  streamed["stream"] = true;
+  auto ev = events(curl("POST", server.url("/v1/completions"), streamed.dump(), "-N").body);
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_EQ(ev.back(), json("[DONE]"));
+  for (size_t e = 0; e < 2; ++e)
+    EXPECT_EQ(ev[e]["choices"][0]["text"], text_of(beams[ev[e]["choices"][0]["index"].get<size_t>()]));
+
+  // attention: the weights of attention_maps over prompt + completion (the lower triangle, 4 decimals)
+  const std::string completion = text_of(beams[0]);
+  auto att = curl("POST", server.url("/v1/attention"), json{{"prompt", kPrompt}, {"completion", completion}}.dump());
+  ASSERT_EQ(att.status, 200) << att.body;
+  const json a = json::parse(att.body);
+  std::vector<int64_t> ids = beams[0].tokens;
+  const auto T = static_cast<int64_t>(ids.size());
+  ASSERT_EQ(a["tokens"].size(), static_cast<size_t>(T));
+  EXPECT_EQ(a["prompt"], prompt.size());
+  const auto maps = loaded.model->attention_maps(torch::tensor(ids, torch::kLong).view({1, T}));
+  ASSERT_EQ(a["layers"].size(), maps.size());
+  for (size_t l = 0; l < maps.size(); ++l) {
+    ASSERT_EQ(a["layers"][l].size(), static_cast<size_t>(maps[l].size(1)));
+    for (int64_t h = 0; h < maps[l].size(1); ++h)
+      for (int64_t q = 0; q < T; ++q)
+        for (int64_t k = 0; k <= q; ++k)
+          ASSERT_NEAR(a["layers"][l][h][q * (q + 1) / 2 + k].get<double>(), maps[l][0][h][q][k].item<double>(), 6e-5)
+              << "layer " << l << " head " << h << " query " << q << " key " << k;
+  }
+  // the explorer page, with the same data
+  auto page = curl("POST", server.url("/v1/attention"), json{{"prompt", kPrompt}, {"completion", completion}, {"format", "html"}}.dump());
+  ASSERT_EQ(page.status, 200);
+  EXPECT_NE(page.headers.find("text/html"), std::string::npos);
+  EXPECT_NE(page.body.find("attentionExplorer"), std::string::npos);
+  EXPECT_NE(page.body.find(a["layers"][0][0].dump().substr(0, 40)), std::string::npos);
+  // truncate: the last block_size (16) characters, the prompt's share what is left of it (at least 1)
+  const std::string longer = completion + completion;  // 5 + 18 characters
+  auto cut = curl("POST", server.url("/v1/attention"), json{{"prompt", kPrompt}, {"completion", longer}, {"truncate", true}}.dump());
+  ASSERT_EQ(cut.status, 200) << cut.body;
+  const json c = json::parse(cut.body);
+  EXPECT_EQ(c["tokens"].size(), 16u);
+  EXPECT_EQ(c["dropped"], 7);
+  EXPECT_EQ(c["prompt"], 1);
+  std::string window;
+  for (const auto& t : c["tokens"]) window += t.get<std::string>();
+  const auto all = loaded.vocab.encode(kPrompt + longer);
+  EXPECT_EQ(loaded.vocab.encode(window), std::vector<int64_t>(all.end() - 16, all.end()));
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// A few seconds of scripts/serve_load.py (streams read to the end, slow readers, clients hanging
+// up or resetting mid-stream, beams, bad and idle requests): afterwards the server holds as many
+// file descriptors and threads as before, no busy slot and an empty queue, and still serves.
+TEST_F(ServeHttp, ShortLoadLeaksNoSlotThreadOrDescriptor) {
+  const std::string python = std::string(NANOGPT_PYTHON).empty() ? "python3" : NANOGPT_PYTHON;
+  if (shell(python + " -c 'import json' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python to run scripts/serve_load.py";
+  const std::string cmd = python + " " + NANOGPT_SOURCE_DIR + "/scripts/serve_load.py --nanogpt=" + NANOGPT_BINARY +
+                          " --out_dir=" + path("out") + " --seconds=4 --warmup=2 --clients=8 --parallel=4 --timeout=2 --no_rss" +
+                          " --log=" + path("load.log") + " -- --num_threads=1 >" + path("load.out") + " 2>&1";
+  const int rc = shell(cmd);
+  const std::string out = read_text(path("load.out"));
+  EXPECT_EQ(rc, 0) << out << read_text(path("load.log")).substr(0, 3000);
+  EXPECT_NE(out.find("[load] no leak"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"stream:ok\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"hangup:ok\""), std::string::npos) << out;
+}
+
 // SIGTERM: the stream in flight gets a final event and [DONE], new requests are refused, exit 0.
 TEST_F(ServeHttp, SigtermEndsStreamsWithAFinalEventAndExitsZero) {
   ServerProcess server(dir_->path, out_dir() + " --max_tokens=100000000");
@@ -570,8 +680,9 @@ TEST_F(ServeHttp, OpenAIPythonClient) {
 
 // The playground page in headless Chromium: the prompt 床前明月光 filled in (from the address, as if
 // typed), the greedy text streamed into the page, each character shaded by the probability the
-// API's logprobs give it.
-TEST_F(ServeHttp, PlaygroundStreamsAndShadesByTheApisLogprobs) {
+// API's logprobs give it; beside it the beam column holds the API's beam result, and the attention
+// explorer below shows the greedy text (its last block_size characters) with the API's weights.
+TEST_F(ServeHttp, PlaygroundStreamsShadesBeamsAndExploresAttention) {
   std::string browser;
   for (const char* name : {"chromium", "chromium-browser", "google-chrome"})
     if (browser.empty() && shell(std::string("command -v ") + name + " >/dev/null 2>&1") == 0) browser = name;
@@ -580,7 +691,7 @@ TEST_F(ServeHttp, PlaygroundStreamsAndShadesByTheApisLogprobs) {
   ASSERT_GT(server.port(), 0) << server.log();
   std::string encoded;
   for (unsigned char c : kPrompt) encoded += fmt_percent(c);
-  const std::string page = server.url("/") + "#prompt=" + encoded + "&max_tokens=20&temperature=0&run";
+  const std::string page = server.url("/") + "#prompt=" + encoded + "&max_tokens=20&temperature=0&beam=3&run";
   const std::string flags = " --headless --no-sandbox --disable-gpu --hide-scrollbars --virtual-time-budget=30000 "
                             "--user-data-dir=" + path("chromium-profile") + " ";
   ASSERT_EQ(shell(browser + flags + "--dump-dom '" + page + "' >" + path("dom.html") + " 2>/dev/null"), 0);
@@ -607,6 +718,38 @@ TEST_F(ServeHttp, PlaygroundStreamsAndShadesByTheApisLogprobs) {
     EXPECT_NEAR(std::get<0>(shown[i]), p, 1e-5) << "token " << i;
     EXPECT_NEAR(std::get<1>(shown[i]), 1 - p, 5e-3) << "token " << i;  // the shading: darker when less likely
   }
+
+  // the beam column: the API's best beam (width 3)
+  auto beam = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 20}, {"beam", 3}}.dump());
+  ASSERT_EQ(beam.status, 200) << beam.body;
+  const size_t beamed = dom.find("id=\"beamed\"");
+  ASSERT_NE(beamed, std::string::npos);
+  std::smatch m;
+  const std::string beam_column = dom.substr(beamed, dom.find("</div>", beamed) - beamed);
+  ASSERT_TRUE(std::regex_search(beam_column, m, std::regex("<span class=\"beam\">([^<]*)</span>"))) << beam_column;
+  EXPECT_EQ(m[1].str(), html_escaped(json::parse(beam.body)["choices"][0]["text"].get<std::string>()));
+
+  // the explorer: the last 16 characters of prompt + greedy text, each with the API's weight for the last one
+  const std::string greedy_text = json::parse(api.body)["choices"][0]["text"];
+  auto att = curl("POST", server.url("/v1/attention"),
+                  json{{"prompt", kPrompt}, {"completion", greedy_text}, {"truncate", true}}.dump());
+  ASSERT_EQ(att.status, 200) << att.body;
+  const json a = json::parse(att.body);
+  std::string expected_text;  // as the explorer shows whitespace, and as Chromium writes an attribute
+  for (const auto& t : a["tokens"]) {
+    const std::string token = t;
+    expected_text += token == "\n" ? "\u23CE\n" : token == "\t" ? "\u21E5" : token == "&" ? "&amp;" : token == "\"" ? "&quot;" : token;
+  }
+  ASSERT_TRUE(std::regex_search(dom, m, std::regex("id=\"explore-status\"[^>]* data-text=\"([^\"]*)\" data-weights=\"([^\"]*)\" data-done=\"1\"")))
+      << dom.substr(dom.find("explore-status"), 600);
+  EXPECT_EQ(m[1].str(), expected_text);
+  std::vector<double> weights;
+  std::stringstream list(m[2].str());
+  for (std::string w; std::getline(list, w, ',');) weights.push_back(std::stod(w));
+  const auto T = a["tokens"].size();
+  ASSERT_EQ(weights.size(), T);
+  for (size_t k = 0; k < T; ++k)  // layer 0, head 0, the last token's row
+    EXPECT_NEAR(weights[k], a["layers"][0][0][(T - 1) * T / 2 + k].get<double>(), 1e-4) << "key " << k;
   EXPECT_EQ(server.terminate(30), 0) << server.log();
 }
 

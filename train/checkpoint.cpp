@@ -239,14 +239,15 @@ void load_optimizer(io::SafeTensorsReader& reader, const std::string& path, Flat
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta) {
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+CheckpointContent checkpoint_content(model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta) {
+  CheckpointContent content;
+  auto& tensors = content.tensors;
   for (const auto& item : model->named_parameters())
     tensors.emplace_back(kModelPrefix + item.key(), item.value().detach().to(torch::kFloat));
   for (const auto& [name, tensor] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, tensor);
   tensors.emplace_back("rng.cpu", meta.torch_rng_state);
   if (meta.cuda_rng_state.defined()) tensors.emplace_back("rng.cuda", meta.cuda_rng_state);
-  const std::map<std::string, std::string> metadata = {
+  content.metadata = {
       {"format", kCheckpointFormat},
       {"format_version", std::to_string(kCheckpointFormatVersion)},
       {"iter", std::to_string(meta.iter)},
@@ -260,7 +261,16 @@ void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW
       {"loss_scale_growth", std::to_string(meta.loss_scale_growth)},
       {"world_size", std::to_string(meta.world_size)},
   };
-  io::write_safetensors(path, tensors, metadata, "ckpt");
+  return content;
+}
+
+void write_checkpoint(const std::string& path, const CheckpointContent& content,
+                      const std::function<void(size_t)>& after_tensor) {
+  io::write_safetensors(path, content.tensors, content.metadata, "ckpt", after_tensor);
+}
+
+void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta) {
+  write_checkpoint(path, checkpoint_content(model, optimizer, meta));
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {

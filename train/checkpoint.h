@@ -7,7 +7,11 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "data/vocab.h"
 #include "model/config.h"
@@ -48,6 +52,22 @@ struct LoadedModel {
 };
 
 class FlatAdamW;
+
+/// What a checkpoint file holds, in file order: named tensors and string metadata.
+struct CheckpointContent {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+/// The checkpoint of `model`, `optimizer` and `meta`. The tensors are the live parameters and
+/// optimizer state, not copies: write them before the next step, or copy them first (a snapshot:
+/// train/checkpoint_writer.h).
+CheckpointContent checkpoint_content(model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta);
+
+/// Writes `content` to `path` atomically (temporary file, fsync, rename). `after_tensor(k)`, when
+/// given, is called after the first k tensors' bytes are written. Throws "[ckpt] cannot write ...".
+void write_checkpoint(const std::string& path, const CheckpointContent& content,
+                      const std::function<void(size_t)>& after_tensor = nullptr);
 
 /// Writes a training checkpoint atomically (temporary file, fsync, rename): a crash at any moment
 /// leaves either the previous file or the complete new one. Throws "[ckpt] cannot write ...".

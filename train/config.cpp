@@ -66,6 +66,8 @@ const std::array kKeys = {
         "also write ckpt_last.safetensors every N iterations between evaluations; 0 = at evaluations only"),
     KEY(checkpoint_minutes, nullptr, ">= 0", "",
         "also write ckpt_last.safetensors when this many minutes passed since the last save; 0 = off"),
+    KEY(checkpoint_async, nullptr, "true | false", "",
+        "true: training copies a snapshot and goes on while a background thread writes it; false: it waits for the write"),
     // data
     KEY(dataset, "data", "a folder or a name", "dataset",
         "a prepared folder (train.bin, val.bin, meta.bin) or one holding input.txt; a name without '/' means data/NAME"),

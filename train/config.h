@@ -23,6 +23,7 @@ struct TrainConfig {
   std::string init_from = "scratch";         // scratch | resume
   int64_t checkpoint_interval = 0;           // also save ckpt_last every this many iterations; 0 = at evaluations only
   double checkpoint_minutes = 0;             // also save ckpt_last when this many minutes passed since the last save; 0 = off
+  bool checkpoint_async = true;              // write checkpoints on a background thread from a snapshot; false: on the training thread
   // data
   std::string dataset = "data/shakespeare_char";  // folder with input.txt, or train/val/meta.bin; NAME = data/NAME
   double val_fraction = 0.1;                 // last fraction of the characters held out for val

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "io/atomic_file.h"
 #include "data/prepare.h"
@@ -337,7 +338,7 @@ std::pair<double, double> Trainer::evaluate() {
   return {train_loss, val_loss};
 }
 
-void Trainer::save(const std::string& path, bool eval_done) {
+void Trainer::save(const std::vector<std::string>& paths, bool eval_done) {
   CheckpointMeta meta;
   meta.iter = iter_;
   meta.best_val_loss = best_val_loss_;
@@ -351,9 +352,7 @@ void Trainer::save(const std::string& path, bool eval_done) {
   meta.loss_scale = scaler_->current_scale();
   meta.loss_scale_growth = scaler_->growth_tracker();
   meta.world_size = world_;
-  const auto t0 = Clock::now();
-  save_checkpoint(path, model_, *optimizer_, meta);
-  log_->info("[ckpt] saved {} (iter {}, {:.0f} ms)", path, iter_, ms_since(t0));
+  writer_->save(paths, checkpoint_content(model_, *optimizer_, meta), iter_);  // logs "[ckpt] saved ..."
 }
 
 std::string Trainer::out_of_memory_message() const {
@@ -367,8 +366,17 @@ std::string Trainer::out_of_memory_message() const {
 
 TrainResult Trainer::run() {
   try {
-    return run_loop();
+    TrainResult result = run_loop();
+    writer_.reset();  // idle by now (run_loop finished it): the thread and the snapshot's memory go
+    return result;
   } catch (const std::exception& e) {
+    // The save in flight completes first: the last checkpoint on disk is whole when the error is
+    // reported (an error of that save, too, is logged, after this one's cause).
+    if (writer_) {
+      const std::string save_error = writer_->finish_quietly();
+      if (!save_error.empty()) log_->warn("{}", save_error);
+      writer_.reset();
+    }
     // A CUDA out-of-memory error carries the caching allocator's multi-line report: say instead
     // what to change. The checkpoints on disk are untouched.
     if (runtime::is_out_of_memory(e)) throw std::runtime_error(out_of_memory_message());
@@ -392,6 +400,7 @@ TrainResult Trainer::run_loop() {
     return result;
   }
   StopSignals signals(/*repeat_kills=*/!launch_.launched);
+  if (is_main()) writer_ = std::make_unique<CheckpointWriter>(log_, config_.checkpoint_async);
   const std::string metrics_path = config_.out_dir + "/metrics.csv";
   const bool resumed = config_.init_from == "resume";
   std::optional<io::MetricsLog> metrics;  // rank 0's
@@ -417,6 +426,7 @@ TrainResult Trainer::run_loop() {
   const double flops_per_iter = model_->flops_per_token() * static_cast<double>(tokens_per_iter);
   const auto run_start = Clock::now();
   auto last_save = Clock::now();  // checkpoint_minutes counts from here
+  bool plot_warned = false;        // a figure that cannot be drawn is said once, not at every eval
   std::vector<double> step_ms;
   bool skip_eval = resumed_eval_done_;
   StepOptions step_options;
@@ -450,15 +460,16 @@ TrainResult Trainer::run_loop() {
         try {
           viz::plot_loss_curves(metrics_path, config_.out_dir + "/loss.png");
         } catch (const std::exception& e) {
-          log_->warn("[plot] {}", e.what());
+          if (!std::exchange(plot_warned, true)) log_->warn("[plot] {} (said once per run)", e.what());
         }
       }
       const bool improved = val_loss < best_val_loss_;
       best_val_loss_ = std::min(best_val_loss_, val_loss);
-      if (iter_ > 0 && is_main()) {
-        save(config_.out_dir + "/" + kLastCheckpoint, true);
+      if (iter_ > 0 && is_main()) {  // one snapshot for both files
+        std::vector<std::string> paths = {config_.out_dir + "/" + kLastCheckpoint};
+        if (improved || config_.always_save_checkpoint) paths.push_back(config_.out_dir + "/" + kBestCheckpoint);
+        save(paths, true);
         last_save = Clock::now();
-        if (improved || config_.always_save_checkpoint) save(config_.out_dir + "/" + kBestCheckpoint, true);
       }
     }
     skip_eval = false;
@@ -498,12 +509,13 @@ TrainResult Trainer::run_loop() {
     }
     ++iter_;
     if (step_hook_) step_hook_(iter_);
+    if (writer_) writer_->check();  // a background save that failed stops the run here, as it would have then
     // Checkpoints on their own clock, between evaluations (an evaluation's own save comes next).
     const bool at_eval = iter_ % config_.eval_interval == 0 || iter_ >= config_.max_iters;
     const bool by_count = config_.checkpoint_interval > 0 && iter_ % config_.checkpoint_interval == 0;
     const bool by_clock = config_.checkpoint_minutes > 0 && ms_since(last_save) >= config_.checkpoint_minutes * 60e3;
     if (is_main() && !at_eval && (by_count || by_clock)) {
-      save(config_.out_dir + "/" + kLastCheckpoint, false);
+      save({config_.out_dir + "/" + kLastCheckpoint}, false);
       last_save = Clock::now();
     }
 
@@ -511,12 +523,13 @@ TrainResult Trainer::run_loop() {
     if (!group_ && stop_signal == 0) stop_signal = StopSignals::received();
     if (const int sig = stop_signal) {
       log_->info("[train] signal {} received: saving and stopping at iter {}", sig, iter_);
-      if (is_main()) save(config_.out_dir + "/" + kLastCheckpoint, false);
+      if (is_main()) save({config_.out_dir + "/" + kLastCheckpoint}, false);
       result.exit_code = 128 + sig;
       break;
     }
   }
 
+  if (writer_) writer_->finish();  // the last checkpoint is on disk, whole, before the run reports done
   result.iter = iter_;
   result.best_val_loss = best_val_loss_;
   result.last_val_loss = last_val;

@@ -17,6 +17,7 @@
 #include "model/gpt.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/config.h"
 #include "train/distributed.h"
 #include "train/grad_scaler.h"
@@ -60,7 +61,9 @@ class Trainer {
   std::pair<double, double> evaluate();
   /// One line for an out-of-memory error: what ran out, the sizes that matter, what to change.
   std::string out_of_memory_message() const;
-  void save(const std::string& path, bool eval_done);
+  /// Saves the state at iter_ to each of `paths` (ckpt_last, and ckpt_best at an evaluation), in
+  /// the background when checkpoint_async is on (writer_).
+  void save(const std::vector<std::string>& paths, bool eval_done);
   void log_start();
   bool is_main() const { return rank_ == 0; }  // rank 0 logs and writes; the others only compute
   /// This process's next micro-batch of the step (data parallel: skips the other ranks' ones), with
@@ -84,6 +87,7 @@ class Trainer {
   std::unique_ptr<data::BatchSampler> sampler_;
   model::GPT model_{nullptr};
   std::unique_ptr<FlatAdamW> optimizer_;
+  std::unique_ptr<CheckpointWriter> writer_;  // rank 0's, while run() trains
   LrSchedule schedule_;
   int64_t iter_ = 0;
   double best_val_loss_ = 1e9;

@@ -37,7 +37,7 @@ nlohmann::json layer_json(const torch::Tensor& weights, int64_t T) {
 
 }  // namespace
 
-std::string attention_explorer_html(const ExplorerData& data) {
+nlohmann::json attention_explorer_json(const ExplorerData& data) {
   const auto T = static_cast<int64_t>(data.tokens.size());
   if (data.layers.empty()) throw std::runtime_error("[viz] the attention explorer needs at least one layer");
   if (data.prompt_tokens < 1 || data.prompt_tokens > T) {
@@ -54,8 +54,11 @@ std::string attention_explorer_html(const ExplorerData& data) {
     }
     layers.push_back(layer_json(w, T));
   }
-  const nlohmann::json json = {
-      {"title", data.title}, {"tokens", data.tokens}, {"prompt", data.prompt_tokens}, {"layers", layers}};
+  return {{"title", data.title}, {"tokens", data.tokens}, {"prompt", data.prompt_tokens}, {"layers", layers}};
+}
+
+std::string attention_explorer_html(const ExplorerData& data) {
+  const nlohmann::json json = attention_explorer_json(data);
   // Invalid UTF-8 in a token becomes U+FFFD rather than an exception. '<' only occurs inside JSON
   // strings, where \u003c means the same: no token can then end the script element ("</script>").
   const std::string dumped = json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

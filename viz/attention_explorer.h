@@ -4,6 +4,7 @@
 // The page itself is viz/attention_explorer.html, built into the program.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -18,6 +19,11 @@ struct ExplorerData {
   int64_t prompt_tokens = 0;        // the first prompt_tokens were given; the rest were sampled
   std::vector<torch::Tensor> layers;  // per layer: (n_head, T, T) weights, rows = queries
 };
+
+/// The page's data as JSON: {title, tokens, prompt, layers: [layer][head] the lower triangle of the
+/// (T, T) weights row by row, rounded to 4 decimals} (`nanogpt serve`'s POST /v1/attention hands it
+/// out). Throws "[viz] ..." when the shapes disagree, as below.
+nlohmann::json attention_explorer_json(const ExplorerData& data);
 
 /// The page with `data` embedded as JSON (weights rounded to 4 decimals). Throws "[viz] ..." when
 /// the shapes disagree (no layers, a layer not (n_head, T, T), heads differing between layers,
