@@ -147,7 +147,7 @@ void add_attention_command(CLI::App& app) {
       for (int64_t head = 0; head < weights.size(0); ++head) panels.push_back({layer, head, weights[head]});
     }
     std::vector<std::string> labels;
-    for (int64_t id : ids) labels.push_back(loaded.vocab.decode_one(id));
+    for (int64_t id : ids) labels.push_back(loaded.vocab.piece(id));  // a character, or a bpe piece
 
     const std::filesystem::path ckpt_dir = std::filesystem::path(ckpt_path).parent_path();
     const std::string out = opts->out.empty() ? (ckpt_dir / "attention.png").string() : opts->out;
@@ -169,7 +169,7 @@ void add_attention_command(CLI::App& app) {
     if (!opts->html.empty()) {
       viz::ExplorerData explorer;
       explorer.title = fmt::format("{} + {} sampled", title, new_tokens);
-      for (int64_t id : sequence) explorer.tokens.push_back(loaded.vocab.decode_one(id));
+      for (int64_t id : sequence) explorer.tokens.push_back(loaded.vocab.piece(id));
       explorer.prompt_tokens = T;
       for (const torch::Tensor& map : maps) explorer.layers.push_back(map[0].to(torch::kCPU, torch::kFloat));  // (nh, S, S)
       viz::write_attention_explorer(explorer, opts->html);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "cli/commands.h"
@@ -47,14 +48,22 @@ void add_prepare_command(CLI::App& app) {
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, data::Utf8Errors>{{"strict", data::Utf8Errors::strict}, {"replace", data::Utf8Errors::replace}}))
       ->default_str("strict");
+  cmd->add_option("--tokenizer", options->tokenizer,
+                  "char: one token per character; bpe: SentencePiece subwords trained on the text (needs --vocab_size)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, data::TokenizerKind>{{"char", data::TokenizerKind::Char}, {"bpe", data::TokenizerKind::Bpe}}))
+      ->default_str("char");
+  cmd->add_option("--vocab_size", options->vocab_size, "bpe: the pieces to learn, e.g. 2048 (256 of them are bytes)");
   cmd->callback([options, inputs, separator] {
     options->input = inputs->front();
     options->more_inputs.assign(inputs->begin() + 1, inputs->end());
     options->separator = unescape(*separator);
+    if (options->tokenizer == data::TokenizerKind::Char && options->vocab_size != 0)
+      throw std::runtime_error("[data] --vocab_size applies to --tokenizer=bpe only (a char vocabulary is the text's characters)");
     const bool terminal = ::isatty(fileno(stderr)) == 1;
     if (terminal) {
       options->progress = [](const data::PrepareProgress& p) {
-        std::fprintf(stderr, "\r\033[K[data] %s %.0f of %.0f MB (%d%%)", p.pass == 1 ? "reading" : "writing tokens",
+        std::fprintf(stderr, "\r\033[K[data] %s %.0f of %.0f MB (%d%%)", p.pass == 1 ? "reading" : p.pass == 3 ? "training the tokenizer on" : "writing tokens",
                      p.bytes_done / 1e6, p.bytes_total / 1e6,
                      static_cast<int>(p.bytes_total ? p.bytes_done * 100 / p.bytes_total : 100));
       };

@@ -87,7 +87,7 @@ std::vector<int64_t> encode_prompt(const SampleArgs& a, const data::Vocab& vocab
 
 // One token for a table: quoted, with control characters (a newline) escaped.
 std::string quoted(const data::Vocab& vocab, int64_t token) {
-  return "'" + io::printable(vocab.decode_one(token), io::Escape::controls) + "'";
+  return "'" + io::printable(vocab.piece(token), io::Escape::controls) + "'";
 }
 
 // --show_probs: the token drawn, its probability and the most likely alternatives.
@@ -144,7 +144,7 @@ void run_beam(const SampleArgs& a, train::LoadedModel& loaded, const std::vector
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < beams.size(); ++i) {
     const auto& beam = beams[i];
-    std::string shown = prompt_text + generated_text(beam.tokens).text;
+    std::string shown = data::replace_invalid_utf8(prompt_text + generated_text(beam.tokens).text);
     shown += fmt::format("\n[beam {}/{}] log-probability {:.4f} over {} tokens ({:.4f} per token)", i + 1, beams.size(),
                          beam.log_prob, beam.generated, beam.log_prob / std::max<int64_t>(1, beam.generated));
     std::fwrite(shown.data(), 1, shown.size(), stdout);
@@ -211,7 +211,8 @@ void run_sample(const SampleArgs& a) {
     };
     model::generate(loaded.model, prompt, per_round, a.max_new_tokens, options, rng, on_token);
     for (auto& t : texts) {
-      std::string shown = a.stream ? "" : prompt_text + t.text;
+      // A bpe model may stop inside a character's byte pieces: those bytes show as U+FFFD.
+      std::string shown = a.stream ? "" : data::replace_invalid_utf8(prompt_text + t.text);
       if (a.show_probs) shown += "\n[probs]    token     p  most likely alternatives\n" + t.probs;
       print_sample(shown);
     }

@@ -13,7 +13,8 @@
 
 namespace nanogpt::data {
 
-/// Where prepare is: `pass` 1 reads the characters, 2 writes the tokens; bytes of input done of total.
+/// Where prepare is: `pass` 1 reads the characters, 2 writes the tokens, 3 trains the bpe tokenizer
+/// (between 1 and 2); bytes of input done of total.
 struct PrepareProgress {
   int pass = 1;
   uint64_t bytes_done = 0, bytes_total = 0;
@@ -27,6 +28,8 @@ struct PrepareOptions {
   std::vector<std::string> more_inputs{};  // further files or folders, read after `input`
   std::string separator = "\n";            // put between two files' texts
   Utf8Errors errors = Utf8Errors::strict;  // invalid UTF-8: refuse, or replace with U+FFFD
+  TokenizerKind tokenizer = TokenizerKind::Char;  // char: one token per character; bpe: SentencePiece subwords
+  int64_t vocab_size = 0;                  // bpe: pieces to learn (e.g. 2048); not used by char
   std::function<void(const PrepareProgress&)> progress{};  // called about every 1% (optional)
 };
 
@@ -41,6 +44,8 @@ struct DatasetMeta {
   int64_t input_mtime_ns = 0;   // modification time of a single input file (0: several files)
   uint64_t train_checksum = 0;  // checksum of train.bin's token bytes (0: not recorded, version 1)
   uint64_t val_checksum = 0;    // checksum of val.bin's token bytes
+  int64_t train_chars = 0;      // characters of each split: bits per character = loss in nats per token
+  int64_t val_chars = 0;        // x tokens / characters / ln 2 (version 1-2 files: the token counts)
   uint32_t version = 0;         // meta.bin's format version as read (read_meta); written: the current one
   uint64_t replaced = 0;        // invalid UTF-8 sequences replaced (prepare only, not stored)
 };
@@ -49,10 +54,15 @@ struct DatasetMeta {
 /// Throws on missing/empty input, invalid UTF-8 (strict), a split too short, an unwritable out_dir.
 DatasetMeta prepare_dataset(const PrepareOptions& options);
 
-/// The summary line: "[data] vocab_size=65 train_tokens=1003854 val_tokens=111540".
+/// Tokens per character of the val split (1 for the char tokenizer): bits per character = val
+/// loss (nats per token) x this / ln 2.
+double val_tokens_per_char(const DatasetMeta& meta);
+
+/// The summary line: "[data] vocab_size=65 train_tokens=1003854 val_tokens=111540", then for bpe
+/// " tokenizer=bpe val_chars_per_token=3.21".
 std::string summary_line(const DatasetMeta& meta);
 
-/// Reads and validates out_dir/meta.bin (versions 1 and 2). Throws "[data] ..." on missing/corrupt files.
+/// Reads and validates out_dir/meta.bin (versions 1 to 3). Throws "[data] ..." on missing/corrupt files.
 DatasetMeta read_meta(const std::string& out_dir);
 
 /// True when out_dir holds train.bin, val.bin and a current meta.bin made from exactly this input
@@ -60,7 +70,8 @@ DatasetMeta read_meta(const std::string& out_dir);
 /// its modification time does not.
 bool is_prepared(const std::string& input, const std::string& out_dir, double val_fraction = 0.1);
 
-/// Prepares only when needed (is_prepared is false); returns the meta either way. `prepared`, if
+/// Prepares only when needed (is_prepared is false, or the folder holds another tokenizer or
+/// vocab_size than `options` ask for); returns the meta either way. `prepared`, if
 /// given, tells whether preparation ran.
 DatasetMeta ensure_prepared(const PrepareOptions& options, bool* prepared = nullptr);
 

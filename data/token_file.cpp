@@ -95,7 +95,7 @@ uint64_t token_file_bytes(int64_t count, int64_t vocab_size) {
 }
 
 TokenFileWriter::TokenFileWriter(const std::string& path, uint64_t count, int64_t vocab_size)
-    : path_(path), count_(count), vocab_size_(vocab_size), width_(token_width(vocab_size)), buffer_(kBufferBytes) {
+    : path_(path), count_(count), count_unknown_(count == kCountAtFinish), vocab_size_(vocab_size), width_(token_width(vocab_size)), buffer_(kBufferBytes) {
   if (vocab_size <= 0 || vocab_size > (int64_t{1} << 32)) {
     throw std::runtime_error(fmt::format("vocab_size {} is out of range (1..4294967296)", vocab_size));
   }
@@ -154,10 +154,17 @@ void TokenFileWriter::flush() {
 }
 
 uint64_t TokenFileWriter::finish() {
-  if (written_ != count_) {
+  if (!count_unknown_ && written_ != count_) {
     throw std::runtime_error(fmt::format("{} tokens written, but the header announces {}", written_, count_));
   }
   flush();
+  if (count_unknown_) {  // the header's count, now that it is known
+    unsigned char count[8];
+    put_le(count, written_, 8);
+    if (::pwrite(fd_, count, sizeof(count), 16) != static_cast<ssize_t>(sizeof(count))) {
+      throw std::runtime_error("cannot write the token count into '" + path_ + "': " + std::strerror(errno));
+    }
+  }
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) throw std::runtime_error("close of '" + path_ + "' failed: " + std::strerror(errno));

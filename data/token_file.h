@@ -37,7 +37,10 @@ uint64_t token_file_bytes(int64_t count, int64_t vocab_size);
 /// Writes to `path` directly: give it io::write_file_atomically's temporary path.
 class TokenFileWriter {
  public:
+  /// `count` may be kCountAtFinish: the header's count is then written by finish() (a tokenizer
+  /// whose token count is known only once the text is encoded).
   TokenFileWriter(const std::string& path, uint64_t count, int64_t vocab_size);
+  static constexpr uint64_t kCountAtFinish = ~uint64_t{0};
   ~TokenFileWriter();
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
@@ -45,7 +48,7 @@ class TokenFileWriter {
   /// Appends ids (each must be < vocab_size). Throws past `count` tokens or on a write error.
   void append(const int32_t* ids, size_t n);
   uint64_t written() const { return written_; }
-  /// Flushes and closes; throws unless exactly `count` tokens came. Returns the checksum of the
+  /// Flushes and closes; throws unless exactly `count` tokens came (any number for kCountAtFinish). Returns the checksum of the
   /// token bytes (what meta.bin records and TokenFileCheck::checksum compares).
   uint64_t finish();
 
@@ -54,6 +57,7 @@ class TokenFileWriter {
   std::string path_;
   int fd_ = -1;
   uint64_t count_, written_ = 0;
+  bool count_unknown_;
   int64_t vocab_size_;
   int width_;
   std::vector<unsigned char> buffer_;

@@ -7,6 +7,7 @@
 
 #include "io/text.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <stdexcept>
@@ -93,6 +94,17 @@ std::u32string decode_utf8(std::string_view bytes) {
   return out;
 }
 
+size_t incomplete_utf8_tail(std::string_view bytes) {
+  const size_t n = bytes.size();
+  for (size_t back = 1; back <= std::min<size_t>(3, n); ++back) {
+    const auto b = static_cast<unsigned char>(bytes[n - back]);
+    if ((b & 0xC0) == 0x80) continue;  // a continuation byte: the lead is further back
+    const size_t length = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 1;
+    return back < length ? back : 0;
+  }
+  return 0;  // no lead byte in the last three: nothing a later byte could complete
+}
+
 void append_utf8(std::string& out, char32_t cp) {
   if (cp < 0x80) {
     out.push_back(static_cast<char>(cp));
@@ -141,5 +153,21 @@ std::string describe_char(char32_t cp) {
 }
 
 std::string escape_controls(std::string_view text) { return io::printable(text, io::Escape::controls); }
+
+std::string replace_invalid_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    const Utf8Step step = decode_utf8_step(bytes, i);
+    if (step.length > 0) {
+      out.append(bytes.substr(i, static_cast<size_t>(step.length)));
+      i += static_cast<size_t>(step.length);
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      i += static_cast<size_t>(std::max(step.bad_length, 1));
+    }
+  }
+  return out;
+}
 
 }  // namespace nanogpt::data

@@ -24,6 +24,15 @@ struct Utf8Step {
 /// receives what is wrong, e.g. "invalid lead byte 0xFF (never appears in UTF-8)".
 Utf8Step decode_utf8_step(std::string_view bytes, size_t i, std::string* error = nullptr);
 
+/// `bytes` with each maximal invalid subsequence replaced by U+FFFD (Python's errors="replace"):
+/// for text assembled from byte pieces, which a model may leave incomplete.
+std::string replace_invalid_utf8(std::string_view bytes);
+
+/// How many bytes at the end of `bytes` begin a code point that is not complete yet (0 to 3): a lead
+/// byte and fewer continuation bytes than it announces. Text streamed piece by piece holds these
+/// back until the rest arrives (byte pieces of a subword tokenizer split characters).
+size_t incomplete_utf8_tail(std::string_view bytes);
+
 /// Appends the UTF-8 encoding of one code point. Throws on surrogates / values > U+10FFFF.
 void append_utf8(std::string& out, char32_t cp);
 

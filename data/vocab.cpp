@@ -1,7 +1,9 @@
-// Character vocabulary: sorted distinct code points, with a versioned text serialization.
+// The tokenizer (char or bpe), with a versioned text serialization.
 //
-// Serialized form: "nanogpt-vocab/1 <count>\n" followed by the <count> code points, UTF-8 encoded,
-// in ascending order. It is plain text, so a checkpoint's vocabulary can be read with `less`.
+// Serialized forms (plain text, so a checkpoint's vocabulary can be read with `less`):
+//   char: "nanogpt-vocab/1 <count>\n" followed by the <count> code points, UTF-8 encoded, ascending.
+//   bpe:  "nanogpt-vocab/2 bpe <requested vocab_size> <length>\n" followed by the SentencePiece model
+//         (its ModelProto bytes) in base64, <length> characters.
 #include "data/vocab.h"
 
 #include <fmt/format.h>
@@ -9,13 +11,16 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "data/bpe.h"
 #include "data/utf8.h"
 
 namespace nanogpt::data {
 namespace {
 
 constexpr std::string_view kMagic = "nanogpt-vocab/";
-constexpr int kVersion = 1;
+constexpr int kVersion = 1;     // char
+constexpr int kBpeVersion = 2;  // bpe
+constexpr std::string_view kBase64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 constexpr char32_t kMaxCodePoint = 0x10FFFF;
 
 [[noreturn]] void corrupt(const std::string& what) {
@@ -35,7 +40,63 @@ bool parse_number(std::string_view s, size_t& pos, uint64_t& value) {
   return pos > start;
 }
 
+std::string base64_encode(std::string_view bytes) {
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, bytes.size() - i);
+    uint32_t group = 0;
+    for (size_t k = 0; k < 3; ++k) group = (group << 8) | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
+    for (size_t k = 0; k < 4; ++k) out += k <= n ? kBase64[(group >> (18 - 6 * k)) & 63] : '=';
+  }
+  return out;
+}
+
+std::string base64_decode(std::string_view text) {
+  if (text.size() % 4 != 0) corrupt("the bpe model's base64 length is not a multiple of 4");
+  std::string out;
+  out.reserve(text.size() / 4 * 3);
+  for (size_t i = 0; i < text.size(); i += 4) {
+    uint32_t group = 0;
+    int pad = 0;
+    for (size_t k = 0; k < 4; ++k) {
+      const char c = text[i + k];
+      size_t value = 0;
+      if (c == '=' && i + 4 == text.size() && k >= 2) {
+        ++pad;
+      } else if (pad > 0 || (value = kBase64.find(c)) == std::string_view::npos) {
+        corrupt(fmt::format("the bpe model's base64 holds an invalid character at {}", i + k));
+      }
+      group = (group << 6) | static_cast<uint32_t>(value);
+    }
+    for (int k = 0; k < 3 - pad; ++k) out += static_cast<char>((group >> (16 - 8 * k)) & 0xFF);
+  }
+  return out;
+}
+
 }  // namespace
+
+Vocab Vocab::from_bpe_model(std::string model_proto, int64_t requested_vocab_size) {
+  Vocab vocab;
+  vocab.bpe_ = BpeModel::load(std::move(model_proto));
+  vocab.requested_vocab_size_ = requested_vocab_size;
+  return vocab;
+}
+
+int64_t Vocab::size() const { return bpe_ ? bpe_->size() : static_cast<int64_t>(chars_.size()); }
+
+bool Vocab::contains(char32_t cp) const { return bpe_ || index_.count(cp) != 0; }
+
+bool Vocab::operator==(const Vocab& other) const {
+  if (kind() != other.kind()) return false;
+  return bpe_ ? bpe_->proto() == other.bpe_->proto() : chars_ == other.chars_;
+}
+
+void Vocab::require_char(const std::string& tag, const std::string& what, const std::string& hint) const {
+  if (!bpe_) return;
+  throw std::runtime_error(fmt::format("[{}] {} needs a character vocabulary, but this one is bpe ({} subword pieces): {}",
+                                       tag, what, size(), hint));
+}
 
 Vocab Vocab::from_text(std::string_view utf8_text) { return from_chars(decode_utf8(utf8_text)); }
 
@@ -56,6 +117,10 @@ Vocab Vocab::from_chars(std::u32string_view chars) {
 }
 
 std::string Vocab::serialize() const {
+  if (bpe_) {
+    const std::string model = base64_encode(bpe_->proto());
+    return fmt::format("{}{} bpe {} {}\n", kMagic, kBpeVersion, requested_vocab_size_, model.size()) + model;
+  }
   std::string out = fmt::format("{}{} {}\n", kMagic, kVersion, chars_.size());
   out += encode_utf8(chars_);
   return out;
@@ -66,13 +131,30 @@ Vocab Vocab::deserialize(std::string_view blob) {
   size_t pos = kMagic.size();
   uint64_t version = 0, count = 0;
   if (!parse_number(blob, pos, version)) corrupt("no version number after the prefix");
-  if (version != kVersion) {
+  if (version != kVersion && version != kBpeVersion) {
     throw std::runtime_error(fmt::format(
-        "[data] unsupported vocabulary version {} (this build reads version {}; use a matching nanogpt build or re-prepare the data)",
-        version, kVersion));
+        "[data] unsupported vocabulary version {} (this build reads versions {} and {}; use a matching nanogpt build or "
+        "re-prepare the data)",
+        version, kVersion, kBpeVersion));
   }
   if (pos >= blob.size() || blob[pos] != ' ') corrupt("expected a space after the version");
   ++pos;
+  if (version == kBpeVersion) {
+    uint64_t requested = 0, length = 0;
+    if (blob.substr(pos, 4) != "bpe ") corrupt("expected 'bpe' after the version");
+    pos += 4;
+    if (!parse_number(blob, pos, requested) || pos >= blob.size() || blob[pos++] != ' ') corrupt("no vocab_size");
+    if (!parse_number(blob, pos, length) || pos >= blob.size() || blob[pos++] != '\n') corrupt("no model length");
+    if (blob.size() - pos != length) {
+      corrupt(fmt::format("header says a model of {} characters, found {}", length, blob.size() - pos));
+    }
+    try {
+      return from_bpe_model(base64_decode(blob.substr(pos)), static_cast<int64_t>(requested));
+    } catch (const std::runtime_error& e) {
+      if (std::string_view(e.what()).find("corrupt vocabulary") != std::string_view::npos) throw;
+      corrupt(e.what());
+    }
+  }
   if (!parse_number(blob, pos, count)) corrupt("no character count");
   if (pos >= blob.size() || blob[pos] != '\n') corrupt("expected a newline after the character count");
   ++pos;
@@ -97,6 +179,7 @@ Vocab Vocab::deserialize(std::string_view blob) {
 }
 
 char32_t Vocab::char_at(int64_t id) const {
+  require_char("data", "a token's character", "ask for decode_one() or piece() instead");
   if (id < 0 || id >= size()) {
     throw std::runtime_error(fmt::format("[data] token id {} is out of range for a vocabulary of {} characters (valid ids: 0..{})",
                                          id, size(), size() - 1));
@@ -105,10 +188,15 @@ char32_t Vocab::char_at(int64_t id) const {
 }
 
 std::vector<int64_t> Vocab::encode(std::string_view utf8_text, UnknownChars policy, std::u32string* skipped) const {
+  if (bpe_) {
+    decode_utf8(utf8_text);  // refuses invalid UTF-8, as the char tokenizer does
+    return bpe_->encode(utf8_text);
+  }
   return encode_chars(decode_utf8(utf8_text), policy, skipped);
 }
 
 std::vector<int64_t> Vocab::encode_chars(std::u32string_view chars, UnknownChars policy, std::u32string* skipped) const {
+  if (bpe_) return bpe_->encode(encode_utf8(chars));
   std::vector<int64_t> ids;
   ids.reserve(chars.size());
   for (size_t pos = 0; pos < chars.size(); ++pos) {
@@ -128,6 +216,7 @@ std::vector<int64_t> Vocab::encode_chars(std::u32string_view chars, UnknownChars
 }
 
 std::string Vocab::decode(const std::vector<int64_t>& ids) const {
+  if (bpe_) return bpe_->decode(ids);
   std::string out;
   out.reserve(ids.size());
   for (int64_t id : ids) append_utf8(out, char_at(id));
@@ -135,9 +224,12 @@ std::string Vocab::decode(const std::vector<int64_t>& ids) const {
 }
 
 std::string Vocab::decode_one(int64_t id) const {
+  if (bpe_) return bpe_->bytes_of(id);
   std::string out;
   append_utf8(out, char_at(id));
   return out;
 }
+
+std::string Vocab::piece(int64_t id) const { return bpe_ ? bpe_->piece(id) : decode_one(id); }
 
 }  // namespace nanogpt::data

@@ -285,6 +285,8 @@ std::string hf_architecture(const model::ModelConfig& c) {
 HfExport export_hf(const model::GPT& model, const data::Vocab& vocab, double dropout, const std::string& out) {
   const model::ModelConfig& c = model->config();
   HfExport result;
+  vocab.require_char("export", "--format=hf (its tokenizer.json maps characters)",
+                     "--format=safetensors keeps the bpe tokenizer");
   result.architecture = hf_architecture(c);
   if (vocab.size() != c.vocab_size)
     throw std::invalid_argument(fmt::format(

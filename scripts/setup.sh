@@ -16,9 +16,11 @@ source scripts/env.sh
 # libtcmalloc-minimal4: the nanogpt program's malloc (runtime/host_memory.h: less memory when training).
 # g++-aarch64-linux-gnu: the suite compiles the hand-written kernels for 64-bit Arm too.
 # libcpp-httplib-dev: the HTTP server of `nanogpt serve`; curl: its tests drive it as a client would.
+# libsentencepiece-dev: trains and runs the optional subword tokenizer (`prepare --tokenizer=bpe`).
 packages=(cmake g++ ninja-build python3 python3-venv libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev
           libcli11-dev nlohmann-json3-dev libcairo2-dev libpango1.0-dev fonts-dejavu-core fonts-wqy-zenhei
-          chromium libgloo-dev libtcmalloc-minimal4 g++-aarch64-linux-gnu libcpp-httplib-dev curl)
+          chromium libgloo-dev libtcmalloc-minimal4 g++-aarch64-linux-gnu libcpp-httplib-dev curl
+          libsentencepiece-dev)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -77,6 +79,12 @@ if ! "$NANOGPT_PYTHON" -c 'import openai' 2>/dev/null; then
   echo "[setup] installing the openai client into $NANOGPT_VENV"
   "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check openai ||
     echo "[setup] warning: could not install openai (offline?): the serving tests that use it will skip" >&2
+fi
+# SentencePiece's Python package: a test compares its encoding with the bpe tokenizer's (it skips without).
+if ! "$NANOGPT_PYTHON" -c 'import sentencepiece' 2>/dev/null; then
+  echo "[setup] installing sentencepiece (Python) into $NANOGPT_VENV"
+  "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check sentencepiece ||
+    echo "[setup] warning: could not install sentencepiece (offline?): the test that compares with it will skip" >&2
 fi
 echo "[setup] torchrun, for several processes: $NANOGPT_TORCHRUN (scripts/env.sh exports it as NANOGPT_TORCHRUN)"
 if ! nvcc --version >/dev/null 2>&1 && ! /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1; then

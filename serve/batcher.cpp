@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 
+#include "data/utf8.h"
 #include "runtime/device.h"
 
 namespace nanogpt::serve {
@@ -360,7 +361,7 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
       const int64_t k = std::min<int64_t>(*c.logprobs, V);
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
                         [&](int64_t a, int64_t z) { return row[a] > row[z]; });
-      for (int64_t i = 0; i < k; ++i) info.top.emplace_back(vocab_.decode_one(order[i]), row[order[i]] - log_z);
+      for (int64_t i = 0; i < k; ++i) info.top.emplace_back(vocab_.piece(order[i]), row[order[i]] - log_z);
     }
     if (c.generated == 0) metrics_.first_token(std::chrono::duration<double>(now - c.arrived).count());
     else metrics_.inter_token(std::chrono::duration<double>(now - c.last_token).count());
@@ -379,10 +380,12 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
     } else if (c.generated >= c.max_tokens) {
       event.finish = "length";
     } else {
-      until = c.text.size() - held_back(c.text, c.stop);
+      // Held back: a stop string's possible start, and a character whose bytes have not all come
+      // (a subword tokenizer's byte pieces split characters that its vocabulary lacks).
+      until = c.text.size() - std::max(held_back(c.text, c.stop), data::incomplete_utf8_tail(c.text));
     }
-    // The pending tokens that lie wholly before `until` (tokens are whole characters, and a stop
-    // string starts on a character's first byte, so `until` falls between tokens).
+    // The pending tokens that lie wholly before `until` (tokens are whole characters or single
+    // bytes, and a stop string starts on a character's first byte, so `until` falls between tokens).
     size_t at = c.sent;
     size_t taken = 0;
     while (taken < c.pending.size() && at + c.pending[taken].text.size() <= until) at += c.pending[taken++].text.size();

@@ -38,11 +38,15 @@ bool constant_time_equal(const std::string& given, const std::string& expected) 
 
 namespace {
 
+// The JSON text of a response or event. Generated text can end in a character the model left
+// incomplete (a subword tokenizer's byte pieces): such bytes are written as U+FFFD, not thrown on.
+std::string json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void send_error(httplib::Response& res, const RequestError& e) {
   res.status = e.status;
   if (e.status == 503) res.set_header("Retry-After", "1");
   if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
-  res.set_content(e.body().dump(), "application/json");
+  res.set_content(json_text(e.body()), "application/json");
 }
 
 json logprobs_json(const std::vector<TokenInfo>& tokens, bool with_top, size_t offset) {
@@ -147,12 +151,12 @@ void Server::Impl::routes() {
     res.set_content(std::string(kPlaygroundHtml), "text/html; charset=utf-8");
   });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(json{{"status", stopping ? "stopping" : "ok"}}.dump(), "application/json");
+    res.set_content(json_text(json{{"status", stopping ? "stopping" : "ok"}}), "application/json");
     if (stopping) res.status = 503;
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json model{{"id", options.model_name}, {"object", "model"}, {"created", unix_time()}, {"owned_by", "nanogpt"}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+    res.set_content(json_text(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.text(batcher.queued(), batcher.busy_slots(), options.parallel),
@@ -163,7 +167,7 @@ void Server::Impl::routes() {
     if (!j.contains("content") || !j.at("content").is_string())
       throw RequestError(400, "content must be a string", "content", "invalid_type");
     const auto ids = encode_text(j.at("content").get<std::string>(), vocab, "content");
-    res.set_content(json{{"tokens", ids}}.dump(), "application/json");
+    res.set_content(json_text(json{{"tokens", ids}}), "application/json");
   });
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     const json j = parse_json_object(req.body);
@@ -172,11 +176,11 @@ void Server::Impl::routes() {
     std::vector<int64_t> ids;
     for (const auto& t : j.at("tokens")) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab.size())
-        throw RequestError(400, fmt::format("tokens must be integers in [0, {}), found {}", vocab.size(), t.dump()),
+        throw RequestError(400, fmt::format("tokens must be integers in [0, {}), found {}", vocab.size(), json_text(t)),
                            "tokens");
       ids.push_back(t.get<int64_t>());
     }
-    res.set_content(json{{"content", vocab.decode(ids)}}.dump(), "application/json");
+    res.set_content(json_text(json{{"content", vocab.decode(ids)}}), "application/json");
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
   http.Post("/v1/attention", [this](const httplib::Request& req, httplib::Response& res) { attention(req, res); });
@@ -208,7 +212,7 @@ void Server::Impl::attention(const httplib::Request& req, httplib::Response& res
   out["object"] = "attention";
   out["model"] = options.model_name;
   out["dropped"] = request.dropped;
-  res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  res.set_content(json_text(out), "application/json");
 }
 
 void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
@@ -252,7 +256,7 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     out["usage"] = {{"prompt_tokens", prompt_tokens},
                     {"completion_tokens", completion_tokens},
                     {"total_tokens", prompt_tokens + completion_tokens}};
-    res.set_content(out.dump(), "application/json");
+    res.set_content(json_text(out), "application/json");
     return;
   }
 
@@ -280,7 +284,7 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
           seen->second += e.text.size();
           json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
                      {"choices", json::array({choice})}};
-          const std::string line = "data: " + chunk.dump() + "\n\n";
+          const std::string line = "data: " + json_text(chunk) + "\n\n";
           if (!sink.write(line.data(), line.size())) {  // the client went away: free its slots now
             job->cancel();
             return false;
@@ -288,7 +292,7 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
         }
         if (!more) {
           if (!job->error().empty()) {
-            const std::string line = "data: " + RequestError(500, job->error(), "", "model_error", "server_error").body().dump() + "\n\n";
+            const std::string line = "data: " + json_text(RequestError(500, job->error(), "", "model_error", "server_error").body()) + "\n\n";
             sink.write(line.data(), line.size());
           }
           static const std::string done = "data: [DONE]\n\n";

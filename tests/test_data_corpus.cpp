@@ -249,7 +249,7 @@ TEST(Meta, Version1FilesStillReadAndArePreparedAgain) {
   // meta.bin as version 1 wrote it: no mtime, no token checksums, the FNV-1a of the input.
   std::string v1 = slurp(dir / "meta.bin");
   v1[8] = 1;
-  v1.erase(52, 24);
+  v1.erase(52, 40);
   for (int i = 0; i < 8; ++i) v1[36 + i] = static_cast<char>((fnv1a64(text) >> (8 * i)) & 0xFF);
   spit(dir / "meta.bin", v1);
   const DatasetMeta meta = read_meta(dir.path);
@@ -258,8 +258,24 @@ TEST(Meta, Version1FilesStillReadAndArePreparedAgain) {
   EXPECT_EQ(meta.train_checksum, 0u);
   EXPECT_FALSE(is_prepared(dir / "input.txt", dir.path));  // prepared again, gaining the checksums
   bool prepared = false;
-  EXPECT_EQ(ensure_prepared({dir / "input.txt", dir.path}, &prepared).version, 2u);
+  EXPECT_EQ(ensure_prepared({dir / "input.txt", dir.path}, &prepared).version, 3u);
   EXPECT_TRUE(prepared);
+}
+
+TEST(Meta, ReadsVersion2AsOneCharacterPerToken) {
+  ScratchDir dir;
+  spit(dir / "input.txt", "abcdefghijklmnopqrstuvwxyz");
+  const DatasetMeta current = prepare_dataset({dir / "input.txt", dir.path});
+  // meta.bin as version 2 wrote it: no character counts.
+  std::string v2 = slurp(dir / "meta.bin");
+  v2[8] = 2;
+  v2.erase(76, 16);
+  spit(dir / "meta.bin", v2);
+  const DatasetMeta meta = read_meta(dir.path);
+  EXPECT_EQ(meta.version, 2u);
+  EXPECT_EQ(meta.train_chars, current.train_tokens);
+  EXPECT_EQ(meta.val_chars, current.val_tokens);
+  EXPECT_EQ(val_tokens_per_char(meta), 1.0);
 }
 
 TEST(DatasetDir, ANameWithoutASlashIsAFolderUnderData) {

@@ -207,8 +207,11 @@ TEST(Meta, RoundTrips) {
   EXPECT_EQ(read.input_hash, checksum_of(read_file(dir / "in.txt")));
   EXPECT_EQ(read.train_checksum, checksum_of(read_file(dir / "out/train.bin").substr(24)));
   EXPECT_EQ(read.val_checksum, checksum_of(read_file(dir / "out/val.bin").substr(24)));
-  EXPECT_EQ(read.version, 2u);
+  EXPECT_EQ(read.version, 3u);
   EXPECT_EQ(read.val_fraction, 0.25);
+  EXPECT_EQ(read.train_chars, read.train_tokens);  // char: a token per character
+  EXPECT_EQ(read.val_chars, read.val_tokens);
+  EXPECT_EQ(read.train_chars + read.val_chars, 24);  // hello, 世界 𠀀 = 12 characters with the newline, twice
 }
 
 TEST(Meta, CorruptionIsDetected) {

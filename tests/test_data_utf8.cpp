@@ -104,3 +104,31 @@ TEST(Utf8, DescribeCharShowsTheCharacterAndItsCode) {
   EXPECT_EQ(describe_char(U'\n'), "'\\n' (U+000A)");
   EXPECT_EQ(describe_char(0x01), "U+0001");
 }
+
+// Every proper prefix of a character is held back whole, and nothing else is: checked against the
+// strict decoder over each prefix of text with 1- to 4-byte characters.
+TEST(Utf8, IncompleteTailIsExactlyTheUnfinishedLastCharacter) {
+  const std::string text = "a\xC3\xA9\xE5\xBA\x8A\xF0\x9F\x98\x80z";  // a é 床 😀 z
+  size_t char_start = 0;
+  for (size_t end = 0; end <= text.size(); ++end) {
+    const std::string prefix = text.substr(0, end);
+    // The longest prefix the strict decoder accepts ends where the last whole character ends.
+    size_t whole = end;
+    while (whole > 0) {
+      try {
+        decode_utf8(prefix.substr(0, whole));
+        break;
+      } catch (const std::runtime_error&) {
+        --whole;
+      }
+    }
+    EXPECT_EQ(incomplete_utf8_tail(prefix), end - whole) << "prefix of " << end << " bytes";
+    char_start = whole;
+  }
+  EXPECT_EQ(char_start, text.size());
+  // Bytes that no later byte can complete are not held: a stray continuation, an invalid lead.
+  EXPECT_EQ(incomplete_utf8_tail("a\x80"), 0u);
+  EXPECT_EQ(incomplete_utf8_tail("a\xFF"), 0u);
+  EXPECT_EQ(incomplete_utf8_tail("\x80\x80\x80"), 0u);
+  EXPECT_EQ(incomplete_utf8_tail(""), 0u);
+}

@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "data/utf8.h"
 #include "model/generate.h"
 #include "serve/request.h"
 #include "serve/server.h"
@@ -420,6 +421,57 @@ TEST_F(ServeHttp, CompletionsMatchGenerateStreamedAndNot) {
   auto metrics = curl("GET", server.url("/metrics"));
   EXPECT_NE(metrics.body.find("nanogpt_generated_tokens_total"), std::string::npos);
   EXPECT_NE(metrics.body.find("nanogpt_time_to_first_token_seconds_bucket"), std::string::npos);
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// A subword model spells characters its vocabulary lacks in byte pieces, so a token can end inside a
+// character: every streamed event still holds whole characters (the unfinished bytes wait for the
+// rest), the events add up to the plain reply's text, and every body is JSON.
+TEST_F(ServeHttp, ABpeModelStreamsWholeCharactersWhenBytePiecesSplitThem) {
+  const std::string d = path("bpe");
+  fs::create_directories(d + "/data");
+  const std::string poems = read_text(std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt").substr(0, 30000);
+  std::ofstream(d + "/data/input.txt", std::ios::binary) << poems.substr(0, poems.rfind('\n') + 1);
+  auto c = tiny_config(d + "/cfg");
+  c.dataset = d + "/data";
+  c.out_dir = d + "/out";
+  c.max_iters = 20;
+  c.eval_interval = 20;
+  c.lr_decay_iters = 20;
+  c.tokenizer = "bpe";
+  c.vocab_size = 300;  // far fewer pieces than the poems have characters: most are spelt in bytes
+  std::ofstream(d + "/bpe.yaml") << train::to_yaml(c);
+  ASSERT_EQ(shell(std::string(NANOGPT_BINARY) + " train " + d + "/bpe.yaml >" + d + "/train.out 2>&1"), 0)
+      << read_text(d + "/train.out");
+  ServerProcess server(d, "--out_dir=" + d + "/out --num_threads=1 --dtype=float32");
+  ASSERT_GT(server.port(), 0) << server.log();
+  int split_characters = 0;  // tokens that were not whole characters
+  for (int seed = 1; seed <= 3; ++seed) {
+    const json request{{"prompt", kPrompt + "\U0001F600"}, {"max_tokens", 60}, {"temperature", 1.0}, {"seed", seed}, {"logprobs", 1}};
+    auto plain = curl("POST", server.url("/v1/completions"), request.dump());
+    ASSERT_EQ(plain.status, 200) << plain.body;
+    const json j = json::parse(plain.body);
+    const std::string text = j["choices"][0]["text"];
+    for (const auto& token : j["choices"][0]["logprobs"]["tokens"])
+      split_characters += token.get<std::string>().find("\uFFFD") != std::string::npos;
+    json streamed = request;
+    streamed["stream"] = true;
+    auto sse = curl("POST", server.url("/v1/completions"), streamed.dump(), "-N");
+    ASSERT_EQ(sse.status, 200) << sse.body;
+    auto ev = events(sse.body);
+    ASSERT_GE(ev.size(), 2u);
+    EXPECT_EQ(ev.back(), json("[DONE]"));
+    std::string joined;
+    for (size_t i = 0; i + 1 < ev.size(); ++i) {
+      const std::string piece = ev[i]["choices"][0]["text"];
+      EXPECT_NO_THROW(data::decode_utf8(piece)) << "event " << i;
+      joined += piece;
+    }
+    // Bytes the model leaves that never make a character are U+FFFD in both forms; a character cut
+    // between two events would be U+FFFD in the stream only.
+    EXPECT_EQ(joined, text) << "seed " << seed;
+  }
+  EXPECT_GT(split_characters, 0) << "no token ended inside a character: the test did not test";
   EXPECT_EQ(server.terminate(30), 0) << server.log();
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <filesystem>
 #include <sstream>
 
 #include "data/batch_sampler.h"
@@ -66,12 +67,16 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
   r.device = device.str();
   r.dtype = config.dtype;
 
+  // The data as training finds it: prepared on demand from input.txt, or a prepared folder.
+  config.dataset = data::dataset_dir(config.dataset);
   data::PrepareOptions prep;
   prep.input = config.dataset + "/input.txt";
   prep.out_dir = config.dataset;
   prep.val_fraction = config.val_fraction;
   prep.min_split_tokens = config.model.block_size + 1;
-  const auto meta = data::ensure_prepared(prep);
+  prep.tokenizer = config.tokenizer == "bpe" ? data::TokenizerKind::Bpe : data::TokenizerKind::Char;
+  prep.vocab_size = config.vocab_size;
+  const auto meta = std::filesystem::exists(prep.input) ? data::ensure_prepared(prep) : data::read_meta(config.dataset);
   const int64_t V = meta.vocab.size(), C = config.model.n_embd, BT = config.batch_size * config.model.block_size;
 
   // GEMMs: a large square, and the model's own shapes (rows = tokens in a micro-batch).
@@ -100,7 +105,10 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
           << model->num_params() / 1e6 << "M params, " << config.model.pos_encoding << ")";
   r.config_summary = summary.str();
   FlatAdamW optimizer(*model, {config.weight_decay, config.beta1, config.beta2, 1e-8});
-  data::BatchSampler sampler(data::read_token_file(config.dataset + "/train.bin", V), config.batch_size, config.model.block_size,
+  // Memory-mapped, as the trainer reads it: only the windows drawn are ever read.
+  data::BatchSampler sampler(data::map_token_file(config.dataset + "/train.bin",
+                                                  {V, meta.train_tokens, meta.train_checksum, config.verify_data}),
+                             config.batch_size, config.model.block_size,
                              static_cast<uint64_t>(config.seed));
   StepOptions step;
   step.gradient_accumulation_steps = config.gradient_accumulation_steps;

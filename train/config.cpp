@@ -73,6 +73,10 @@ const std::array kKeys = {
         "a prepared folder (train.bin, val.bin, meta.bin) or one holding input.txt; a name without '/' means data/NAME"),
     KEY(val_fraction, nullptr, "(0, 1)", "", "last fraction of the characters held out for validation (nanoGPT's prepare.py: 0.1)"),
     KEY(verify_data, nullptr, "true | false", "", "read the token files whole at start-up and check them against meta.bin"),
+    KEY(tokenizer, nullptr, "char | bpe", "",
+        "how input.txt is tokenized: one token per character, or SentencePiece BPE subwords trained on it "
+        "(a folder prepared by `nanogpt prepare` keeps its own)"),
+    KEY(vocab_size, nullptr, "0 for char; 259..1048576 for bpe", "", "bpe: the pieces the tokenizer learns (e.g. 2048)"),
     KEY(gradient_accumulation_steps, nullptr, ">= 1, divisible by the processes", "gradient_accumulation_steps",
         "micro-batches per optimizer step, over all processes"),
     KEY(batch_size, nullptr, ">= 1", "batch_size", "sequences per micro-batch"),
@@ -435,6 +439,14 @@ void TrainConfig::validate() const {
   check(!dataset.empty(), "dataset", "''", "must name a folder with input.txt, e.g. data/shakespeare_char");
   check(val_fraction > 0 && val_fraction < 1, "val_fraction", d(val_fraction),
         "must be in (0, 1): the fraction of characters held out for validation, e.g. 0.1");
+  check(in(tokenizer, {"char", "bpe"}), "tokenizer", tokenizer, "must be char or bpe");
+  if (tokenizer == "bpe") {
+    check(vocab_size > 258 && vocab_size <= (1 << 20), "vocab_size", i(vocab_size),
+          "must be in 259..1048576 with tokenizer bpe (256 byte pieces, <unk> and the newline come first), e.g. 2048");
+  } else {
+    check(vocab_size == 0, "vocab_size", i(vocab_size),
+          "applies to tokenizer bpe only (a char vocabulary is the text's characters): add --tokenizer=bpe or drop it");
+  }
   check(gradient_accumulation_steps >= 1, "gradient_accumulation_steps", i(gradient_accumulation_steps), "must be >= 1");
   check(batch_size >= 1, "batch_size", i(batch_size), "must be >= 1");
   // model: its own rules (model/config.cpp), reported under this tag

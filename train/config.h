@@ -28,6 +28,8 @@ struct TrainConfig {
   std::string dataset = "data/shakespeare_char";  // folder with input.txt, or train/val/meta.bin; NAME = data/NAME
   double val_fraction = 0.1;                 // last fraction of the characters held out for val
   bool verify_data = false;                  // read every token of train.bin/val.bin at start-up (small ones always)
+  std::string tokenizer = "char";            // char | bpe (SentencePiece subwords): how input.txt is tokenized
+  int64_t vocab_size = 0;                    // bpe: pieces to learn (e.g. 2048); 0 with char
   int64_t gradient_accumulation_steps = 1;   // micro-batches per optimizer step
   int64_t batch_size = 12;                   // sequences per micro-batch
   // model: the architecture, in one struct (model/config.h); its keys are flat in YAML, as in nanoGPT

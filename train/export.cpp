@@ -25,8 +25,8 @@ std::string model_config_json(const model::ModelConfig& config) {
 }
 
 std::string vocab_json(const data::Vocab& vocab) {
-  Json chars = Json::array();
-  for (int64_t id = 0; id < vocab.size(); ++id) chars.push_back(vocab.decode_one(id));
+  Json chars = Json::array();  // the characters; bpe: the pieces, as a person reads them
+  for (int64_t id = 0; id < vocab.size(); ++id) chars.push_back(vocab.piece(id));
   return chars.dump();
 }
 
@@ -60,6 +60,7 @@ void export_safetensors(const LoadedModel& loaded, const std::string& path) {
       {"rope_convention", "split_halves"},
       {"tied_lm_head", "wte.weight"},
       {"vocab", vocab_json(loaded.vocab)},
+      {"tokenizer", loaded.vocab.serialize()},  // the whole tokenizer (char or bpe), as checkpoints hold it
       {"iter", std::to_string(loaded.meta.iter)},
       // A number, or null when the loss is not finite (JSON has no NaN).
       {"best_val_loss", Json(loaded.meta.best_val_loss).dump()},

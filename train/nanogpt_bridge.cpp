@@ -186,6 +186,8 @@ std::string nanogpt_lacks(const model::ModelConfig& config) {
 
 std::string export_nanogpt(const std::string& checkpoint, const std::string& out_dir, const PythonBridge& bridge) {
   const CheckpointMeta meta = read_checkpoint_meta(checkpoint);
+  meta.vocab.require_char("export", "--format=nanogpt (meta.pkl holds characters)",
+                          "--format=safetensors keeps the bpe tokenizer");
   const std::string lacks = nanogpt_lacks(meta.model_config);
   if (!lacks.empty())
     throw export_error("nanoGPT's model.py has no " + lacks + ", so it cannot load this model (learned positions, "

@@ -141,6 +141,8 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   prep.out_dir = config_.dataset;
   prep.val_fraction = config_.val_fraction;
   prep.min_split_tokens = config_.model.block_size + 1;
+  prep.tokenizer = config_.tokenizer == "bpe" ? data::TokenizerKind::Bpe : data::TokenizerKind::Char;
+  prep.vocab_size = config_.vocab_size;
   const bool has_input = std::filesystem::exists(prep.input);
   if (!has_input && !std::filesystem::exists(config_.dataset + "/meta.bin"))
     throw std::runtime_error("[train] dataset '" + config_.dataset + "' has no input.txt and no meta.bin (make one with "
@@ -152,7 +154,14 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   auto meta = has_input ? data::ensure_prepared(prep, &prepared) : data::read_meta(config_.dataset);
   if (group_ && is_main()) group_->barrier("the wait for rank 0 to prepare the data");
   if (prepared) log_->info("{} (prepared from {}/input.txt)", data::summary_line(meta), config_.dataset);
+  if (!has_input && config_.tokenizer == "bpe" &&
+      (meta.vocab.kind() != data::TokenizerKind::Bpe || meta.vocab.requested_vocab_size() != config_.vocab_size))
+    throw std::runtime_error(fmt::format(
+        "[train] dataset '{}' holds a {} tokenizer ({} tokens), not bpe with vocab_size {}, and no input.txt to prepare "
+        "again: drop --tokenizer/--vocab_size (the folder's own tokenizer trains), or run `nanogpt prepare` with them",
+        config_.dataset, meta.vocab.kind_name(), meta.vocab.size(), config_.vocab_size));
   vocab_ = meta.vocab;
+  val_tokens_per_char_ = data::val_tokens_per_char(meta);
   if (resume && !(resume_meta.vocab == vocab_))
     throw std::runtime_error(fmt::format(
         "[train] the checkpoint's vocabulary ({} chars) differs from dataset '{}' ({} chars): resume with the "
@@ -304,7 +313,7 @@ double Trainer::estimate_loss(const std::string& split) {
   // the training generator is never touched (resume stays exact).
   const uint64_t salt = split == "val" ? 0x9e3779b97f4a7c15ULL : 0xc2b2ae3d27d4eb4fULL;
   data::BatchSampler eval_sampler(split == "val" ? val_tokens_ : train_tokens_, config_.batch_size, config_.model.block_size,
-                                  static_cast<uint64_t>(config_.seed) ^ salt ^ static_cast<uint64_t>(iter_));
+                                  static_cast<uint64_t>(config_.seed) ^ salt ^ static_cast<uint64_t>(iter_), vocab_.size());
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().device(device_));
   for (int64_t k = 0; k < config_.eval_iters; ++k) {
     if (k % world_ != rank_) {  // another rank's batch
@@ -323,7 +332,9 @@ double Trainer::estimate_loss(const std::string& split) {
 
 std::pair<double, double> Trainer::evaluate() {
   const double train_loss = estimate_loss("train"), val_loss = estimate_loss("val");
-  log_->info("[eval] iter {} | train {:.4f} | val {:.4f}", iter_, train_loss, val_loss);
+  // Bits per character, whatever the tokenizer: nats per token x tokens per character / ln 2.
+  log_->info("[eval] iter {} | train {:.4f} | val {:.4f} | val bits/char {:.4f}", iter_, train_loss, val_loss,
+             val_loss * val_tokens_per_char_ / std::log(2.0));
   return {train_loss, val_loss};
 }
 

@@ -82,6 +82,7 @@ class Trainer {
   std::unique_ptr<GradScaler> scaler_;           // float16 only
   std::shared_ptr<spdlog::logger> log_;
   data::Vocab vocab_;
+  double val_tokens_per_char_ = 1.0;  // of the val split: the eval line's bits per character
   torch::Tensor train_tokens_, val_tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
   model::GPT model_{nullptr};
