@@ -196,14 +196,9 @@ TEST(Cli, BrokenCheckpointsAreClearErrors) {
 
 TEST(Cli, ChineseModelSamplesValidUtf8) {
   TempDir dir("cli_chinese");
-  std::filesystem::create_directories(dir.path + "/data");
   // Tang poems (4-byte characters included) as a small corpus.
-  const std::string poems = read_text(std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt").substr(0, 60000);
-  std::string text = poems.substr(0, poems.rfind('\n') + 1) + "𠀀𪚥\n";
-  std::ofstream(dir.path + "/data/input.txt", std::ios::binary) << text;
-  auto c = tiny_config(dir.path + "/cfg");
-  c.dataset = dir.path + "/data";
-  c.out_dir = dir.path + "/out";
+  const std::string text = tang_poems_head(60000) + "𠀀𪚥\n";
+  auto c = tiny_config_on(dir.path, text);
   c.max_iters = 30;
   std::ofstream(dir.path + "/zh.yaml") << nanogpt::train::to_yaml(c);
   ASSERT_EQ(run_nanogpt("train " + dir.path + "/zh.yaml", dir.path).rc, 0);

@@ -87,12 +87,7 @@ class AttentionCli : public ::testing::Test {
     if (!NANOGPT_PLOTS) return;
     dir_ = new TempDir("cli_attention");
     const std::string d = dir_->path;
-    fs::create_directories(d + "/data");
-    const std::string poems = read_text(std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt").substr(0, 30000);
-    std::ofstream(d + "/data/input.txt", std::ios::binary) << poems.substr(0, poems.rfind('\n') + 1);
-    auto c = tiny_config(d + "/cfg");
-    c.dataset = d + "/data";
-    c.out_dir = d + "/out";
+    auto c = tiny_config_on(d, tang_poems_head(30000));
     c.max_iters = 10;
     std::ofstream(d + "/zh.yaml") << nanogpt::train::to_yaml(c);
     train_rc_ = shell(std::string(NANOGPT_BINARY) + " train " + d + "/zh.yaml >" + d + "/train.out 2>&1");

@@ -287,13 +287,7 @@ class ServeHttp : public ::testing::Test {
     if (shell("command -v curl >/dev/null 2>&1") != 0) return;
     dir_ = new TempDir("serve");
     const std::string d = dir_->path;
-    fs::create_directories(d + "/data");
-    const std::string poems = read_text(std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt").substr(0, 20000);
-    std::ofstream(d + "/data/input.txt", std::ios::binary)
-        << "\u5E8A\u524D\u660E\u6708\u5149\uFF0C\u7591\u662F\u5730\u4E0A\u971C\u3002\n" << poems.substr(0, poems.rfind('\n') + 1);
-    auto c = tiny_config(d + "/cfg");
-    c.dataset = d + "/data";
-    c.out_dir = d + "/out";
+    auto c = tiny_config_on(d, "\u5E8A\u524D\u660E\u6708\u5149\uFF0C\u7591\u662F\u5730\u4E0A\u971C\u3002\n" + tang_poems_head(20000));
     c.max_iters = 60;  // enough for probabilities that differ (the playground's shading)
     c.eval_interval = 30;
     c.lr_decay_iters = 60;
@@ -429,12 +423,7 @@ TEST_F(ServeHttp, CompletionsMatchGenerateStreamedAndNot) {
 // rest), the events add up to the plain reply's text, and every body is JSON.
 TEST_F(ServeHttp, ABpeModelStreamsWholeCharactersWhenBytePiecesSplitThem) {
   const std::string d = path("bpe");
-  fs::create_directories(d + "/data");
-  const std::string poems = read_text(std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt").substr(0, 30000);
-  std::ofstream(d + "/data/input.txt", std::ios::binary) << poems.substr(0, poems.rfind('\n') + 1);
-  auto c = tiny_config(d + "/cfg");
-  c.dataset = d + "/data";
-  c.out_dir = d + "/out";
+  auto c = tiny_config_on(d, tang_poems_head(30000));
   c.max_iters = 20;
   c.eval_interval = 20;
   c.lr_decay_iters = 20;

@@ -72,6 +72,22 @@ inline train::TrainConfig tiny_config(const std::string& dir, size_t chars = 200
   return c;
 }
 
+/// The first whole lines within `bytes` bytes of the Tang poems.
+inline std::string tang_poems_head(size_t bytes) {
+  const std::string poems = read_text(std::string(NANOGPT_SOURCE_DIR) + "/data/tang_poems/input.txt").substr(0, bytes);
+  return poems.substr(0, poems.rfind('\n') + 1);
+}
+
+/// `text` as dir/data/input.txt, and the tiny model config training on it into dir/out.
+inline train::TrainConfig tiny_config_on(const std::string& dir, const std::string& text) {
+  auto c = tiny_config(dir + "/cfg");
+  std::filesystem::create_directories(dir + "/data");
+  std::ofstream(dir + "/data/input.txt", std::ios::binary) << text;
+  c.dataset = dir + "/data";
+  c.out_dir = dir + "/out";
+  return c;
+}
+
 /// Every row of a metrics.csv as (iter, split, loss text), in order.
 struct MetricsRow {
   int64_t iter;

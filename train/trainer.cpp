@@ -164,9 +164,9 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   val_tokens_per_char_ = data::val_tokens_per_char(meta);
   if (resume && !(resume_meta.vocab == vocab_))
     throw std::runtime_error(fmt::format(
-        "[train] the checkpoint's vocabulary ({} chars) differs from dataset '{}' ({} chars): resume with the "
-        "dataset it was trained on",
-        resume_meta.vocab.size(), config_.dataset, vocab_.size()));
+        "[train] the checkpoint's vocabulary ({}, {} tokens) differs from dataset '{}' ({}, {} tokens): resume with "
+        "the dataset it was trained on",
+        resume_meta.vocab.kind_name(), resume_meta.vocab.size(), config_.dataset, vocab_.kind_name(), vocab_.size()));
   train_tokens_ = data::map_token_file(config_.dataset + "/train.bin",
                                        {vocab_.size(), meta.train_tokens, meta.train_checksum, config_.verify_data});
   val_tokens_ = data::map_token_file(config_.dataset + "/val.bin",
