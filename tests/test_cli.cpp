@@ -202,7 +202,7 @@ TEST(Cli, ChineseModelSamplesValidUtf8) {
   c.max_iters = 30;
   std::ofstream(dir.path + "/zh.yaml") << nanogpt::train::to_yaml(c);
   ASSERT_EQ(run_nanogpt("train " + dir.path + "/zh.yaml", dir.path).rc, 0);
-  const std::string start = poems.substr(0, 6);  // the first two characters (3 bytes each)
+  const std::string start = text.substr(0, 6);  // the first two characters (3 bytes each)
   auto s = run_nanogpt("sample --device=cpu --num_threads=1 --out_dir=" + dir.path + "/out --start=" + start +
                    " --num_samples=1 --max_new_tokens=60 --temperature=1",
                dir.path);
