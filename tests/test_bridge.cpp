@@ -55,16 +55,6 @@ std::string python_missing() {
   if (const std::string why = python_missing(); !why.empty()) \
   GTEST_SKIP() << why
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 void expect_refusal(const std::string& error, const std::string& tag, const std::string& needle) {
   EXPECT_EQ(error.rfind(tag + " ", 0), 0u) << error;
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
@@ -312,7 +302,7 @@ TEST(NanoGPTBridge, RefusesSubwordVocabulariesAndPicklesThatWouldRunCode) {
     const auto import = [&, meta = meta] {
       train::import_nanogpt(dir / "ckpt.pt", dir / meta, dir / "out", bridge());
     };
-    expect_refusal(error_of(import), "[import]", needle);
+    expect_refusal(nanogpt::testing::error_of(import), "[import]", needle);
     expect_nothing_written(dir, "out");
   }
   EXPECT_FALSE(fs::exists(dir / "evil_ran")) << "unpickling meta_evil.pkl ran its code";
@@ -321,9 +311,9 @@ TEST(NanoGPTBridge, RefusesSubwordVocabulariesAndPicklesThatWouldRunCode) {
 TEST(NanoGPTBridge, RefusesACheckpointWithoutMetaPkl) {
   ScratchDir dir;
   spit(dir / "ckpt.pt", "not read");
-  expect_refusal(error_of([&] { train::import_nanogpt(dir / "ckpt.pt", "", dir / "out", bridge()); }), "[import]",
+  expect_refusal(nanogpt::testing::error_of([&] { train::import_nanogpt(dir / "ckpt.pt", "", dir / "out", bridge()); }), "[import]",
                  "no meta.pkl given: without one nanoGPT uses the GPT-2 BPE tokenizer, and nanogpt-cpp is character-level");
-  expect_refusal(error_of([&] { train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", bridge()); }),
+  expect_refusal(nanogpt::testing::error_of([&] { train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", bridge()); }),
                  "[import]", "the meta.pkl '" + dir / "meta.pkl" + "' is not a file");
   expect_nothing_written(dir, "out");
 }
@@ -334,7 +324,7 @@ TEST(NanoGPTBridge, SaysWhenPythonIsMissing) {
   spit(dir / "meta.pkl", "not read");
   train::PythonBridge missing = bridge();
   missing.python = dir / "no-python";
-  expect_refusal(error_of([&] { train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", missing); }),
+  expect_refusal(nanogpt::testing::error_of([&] { train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", missing); }),
                  "[import]", "cannot run '" + dir / "no-python" + "': No such file or directory (a Python with torch");
   expect_nothing_written(dir, "out");
 }
@@ -353,7 +343,7 @@ TEST(NanoGPTBridge, RefusesToExportWhatNanoGPTLacks) {
   for (const auto& [m, needle] : cases) {
     SCOPED_TRACE(needle);
     OurCheckpoint(m).save(dir / "ckpt.safetensors");
-    expect_refusal(error_of([&] { train::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()); }), "[export]",
+    expect_refusal(nanogpt::testing::error_of([&] { train::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()); }), "[export]",
                    "nanoGPT's model.py " + needle + ", so it cannot load this model");
     expect_nothing_written(dir, "nano");
   }
@@ -364,7 +354,7 @@ TEST(NanoGPTBridge, NeverWritesIntoAFolderThatHoldsFiles) {
   OurCheckpoint(tiny_model(false, 0)).save(dir / "ckpt.safetensors");
   fs::create_directories(dir / "nano");
   spit(dir / "nano/ckpt.pt", "someone's checkpoint");
-  expect_refusal(error_of([&] { train::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()); }), "[export]",
+  expect_refusal(nanogpt::testing::error_of([&] { train::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()); }), "[export]",
                  "'" + dir / "nano" + "' is not empty (give a new or empty folder: nothing is overwritten)");
   EXPECT_EQ(slurp(dir / "nano/ckpt.pt"), "someone's checkpoint");
 }
@@ -414,6 +404,6 @@ TEST(NanoGPTBridge, ForeignConfigValuesAreNamed) {
   Json args = train::model_args_of(tiny_model(false, 65));
   EXPECT_EQ(model::to_json(train::config_from_model_args(args)), model::to_json(tiny_model(false, 65)));
   args["n_kv_head"] = 1;
-  expect_refusal(error_of([&] { train::config_from_model_args(args); }), "[import]",
+  expect_refusal(nanogpt::testing::error_of([&] { train::config_from_model_args(args); }), "[import]",
                  "model_args has 'n_kv_head', which nanoGPT's GPTConfig lacks: a modified model.py");
 }

@@ -163,16 +163,6 @@ void train_case(const Case& c, const std::string& dir) {
   train::Trainer(t, /*quiet=*/true).run();
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST(ExportHf, TransformersLoadsTheModelsAndComputesWhatWeDo) {
@@ -339,14 +329,14 @@ TEST(ExportHf, RefusesWhatNoStockArchitectureHoldsWithOneLineAndWritesNothing) {
   for (const auto& r : refused) {
     SCOPED_TRACE(r.needle);
     model::GPT gpt(r.config);
-    const std::string error = error_of([&] { interop::export_hf(gpt, vocab, 0.0, dir / "hf"); });
+    const std::string error = nanogpt::testing::error_of<std::invalid_argument>([&] { interop::export_hf(gpt, vocab, 0.0, dir / "hf"); });
     EXPECT_EQ(error.rfind("[export] --format=hf: ", 0), 0u) << error;
     EXPECT_NE(error.find(r.needle), std::string::npos) << error;
     for (const auto& needle : r.also) EXPECT_NE(error.find(needle), std::string::npos) << error;
     EXPECT_NE(error.find("--format=safetensors"), std::string::npos) << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
     EXPECT_FALSE(fs::exists(dir / "hf"));
-    EXPECT_EQ(error_of([&] { interop::hf_architecture(r.config); }), error);
+    EXPECT_EQ(nanogpt::testing::error_of<std::invalid_argument>([&] { interop::hf_architecture(r.config); }), error);
   }
   // A folder that is there and holds something is never written into.
   fs::create_directories(dir / "full");
@@ -355,7 +345,7 @@ TEST(ExportHf, RefusesWhatNoStockArchitectureHoldsWithOneLineAndWritesNothing) {
   std::u32string chars;
   for (char32_t ch = U'A'; chars.size() < 65; ++ch) chars += ch;
   const std::string error =
-      error_of([&] { interop::export_hf(gpt, data::Vocab::from_chars(chars), 0.0, dir / "full"); });
+      nanogpt::testing::error_of([&] { interop::export_hf(gpt, data::Vocab::from_chars(chars), 0.0, dir / "full"); });
   EXPECT_EQ(error.rfind("[export] ", 0), 0u) << error;
   EXPECT_EQ(slurp(dir / "full/keep.txt"), "mine");
 }

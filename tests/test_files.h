@@ -30,11 +30,12 @@ struct ScratchDir {
   std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
 
-/// The message of the std::runtime_error that `f` throws; a test failure (and "") when it throws none.
-inline std::string error_of(const std::function<void()>& f) {
+/// The message of the error of type E that `f` throws; a test failure (and "") when it throws none.
+template <class E = std::runtime_error>
+std::string error_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const std::runtime_error& e) {
+  } catch (const E& e) {
     return e.what();
   }
   ADD_FAILURE() << "expected an error";
