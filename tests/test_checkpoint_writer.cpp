@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "shell.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_writer.h"
@@ -86,47 +87,6 @@ struct ScopedEnv {
   ScopedEnv(const std::string& n, const std::string& value) : name(n) { ::setenv(n.c_str(), value.c_str(), 1); }
   ~ScopedEnv() { ::unsetenv(name.c_str()); }
 };
-
-struct Proc {
-  pid_t pid = -1;
-  std::string out, err;
-};
-
-// Starts the nanogpt program with `args`, the environment plus `extra`, output to stem.out/.err.
-Proc start(const std::vector<std::string>& args, const std::vector<std::string>& extra, const std::string& stem) {
-  Proc p{-1, stem + ".out", stem + ".err"};
-  std::vector<std::string> env_text = extra;  // first: getenv finds the first of two equal names
-  for (char** e = environ; *e; ++e) env_text.emplace_back(*e);
-  std::vector<char*> argv{const_cast<char*>(NANOGPT_BINARY)}, envp;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (const auto& e : env_text) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const int rc = posix_spawn(&p.pid, NANOGPT_BINARY, &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw std::runtime_error("cannot start " + std::string(NANOGPT_BINARY));
-  return p;
-}
-
-// Exit status (128 + N for signal N), or -1 after `timeout` (the process is then killed).
-int wait_for(const Proc& p, std::chrono::seconds timeout = std::chrono::seconds(120)) {
-  const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    if (::waitpid(p.pid, &status, WNOHANG) == p.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (Clock::now() > deadline) {
-      ::kill(p.pid, SIGKILL);
-      ::waitpid(p.pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
 
 // The highest iteration of a `train` row in a metrics.csv being written (-1 for none yet).
 int64_t last_train_iter(const std::string& metrics_csv) {
@@ -321,11 +281,11 @@ TEST(CheckpointKill, AKillMidBackgroundWriteLeavesTheLastCheckpointAndResumeIsEx
   c.checkpoint_async = true;
   const std::string config = dir.path + "/tiny.yaml";
   std::ofstream(config) << train::to_yaml(c);
-  auto whole = start({"train", config, "--out_dir=" + dir.path + "/whole"}, {}, dir.path + "/whole");
+  auto whole = start({NANOGPT_BINARY, "train", config, "--out_dir=" + dir.path + "/whole"}, {}, dir.path + "/whole");
   ASSERT_EQ(wait_for(whole), 0) << read_text(whole.err);
 
   const std::string out = dir.path + "/cut", last = out + "/" + train::kLastCheckpoint;
-  auto cut = start({"train", config, "--out_dir=" + out}, {"NANOGPT_TEST_CKPT_PAUSE_MS=1500"}, dir.path + "/cut");
+  auto cut = start({NANOGPT_BINARY, "train", config, "--out_dir=" + out}, {"NANOGPT_TEST_CKPT_PAUSE_MS=1500"}, dir.path + "/cut");
   // iter 10's job writes ckpt_last then ckpt_best (1.5 s each) while training goes on to iter 20
   // and waits; iter 20's job then starts on ckpt_last while training goes on past 20.
   std::string temp;
@@ -352,7 +312,7 @@ TEST(CheckpointKill, AKillMidBackgroundWriteLeavesTheLastCheckpointAndResumeIsEx
   EXPECT_NO_THROW(train::load_model(last));
   EXPECT_NO_THROW(train::load_model(out + "/" + train::kBestCheckpoint));
 
-  auto resumed = start({"train", config, "--out_dir=" + out, "--init_from=resume"}, {}, dir.path + "/resumed");
+  auto resumed = start({NANOGPT_BINARY, "train", config, "--out_dir=" + out, "--init_from=resume"}, {}, dir.path + "/resumed");
   ASSERT_EQ(wait_for(resumed), 0) << read_text(resumed.err);
   EXPECT_NE(read_text(resumed.out).find("[ckpt] resumed from " + last + " at iter 10"), std::string::npos) << read_text(resumed.out);
   const auto expected = train_losses(dir.path + "/whole/metrics.csv");

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "shell.h"
 #include "train/checkpoint.h"
 #include "train/distributed.h"
 #include "train/distributed_backends.h"
@@ -52,56 +53,6 @@ int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
-}
-
-struct Proc {
-  pid_t pid = -1;
-  std::string out, err;  // file paths
-};
-
-// Starts argv with the environment plus `extra` ("KEY=value"), stdout/stderr to files.
-Proc start(const std::vector<std::string>& argv, const std::vector<std::string>& extra, const std::string& stem) {
-  Proc p;
-  p.out = stem + ".out";
-  p.err = stem + ".err";
-  std::vector<std::string> env_text;
-  for (char** e = environ; *e; ++e) {
-    const std::string kv = *e;
-    bool replaced = false;
-    for (const auto& x : extra) replaced |= kv.substr(0, kv.find('=') + 1) == x.substr(0, x.find('=') + 1);
-    if (!replaced) env_text.push_back(kv);
-  }
-  for (const auto& x : extra) env_text.push_back(x);
-  std::vector<char*> args, envp;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  for (const auto& e : env_text) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const int rc = posix_spawnp(&p.pid, args[0], &actions, nullptr, args.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw std::runtime_error("cannot start " + argv[0]);
-  return p;
-}
-
-// Exit status (128 + N for signal N), or -1 after `timeout` (the process is then killed).
-int wait_for(const Proc& p, std::chrono::seconds timeout = std::chrono::seconds(120)) {
-  const auto deadline = Clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    const pid_t r = ::waitpid(p.pid, &status, WNOHANG);
-    if (r == p.pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (Clock::now() > deadline) {
-      ::kill(p.pid, SIGKILL);
-      ::waitpid(p.pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
 }
 
 // The tiny run of the training tests, as a YAML file: 2 micro-batches per step, dropout 0.1.
