@@ -21,6 +21,7 @@
 #include "io/safetensors.h"
 #include "runtime/subprocess.h"
 #include "test_files.h"
+#include "train_fixture.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -141,11 +142,7 @@ std::vector<Case> cases() {
 
 // Trains `c` for 100 steps on its text (enough for confident, un-tied greedy choices) into dir/out.
 void train_case(const Case& c, const std::string& dir) {
-  fs::create_directories(dir + "/data");
-  spit(dir + "/data/input.txt", c.train_text);
-  train::TrainConfig t;
-  t.out_dir = dir + "/out";
-  t.dataset = dir + "/data";
+  auto t = nanogpt::testing::tiny_config_on(dir, c.train_text);
   t.model = c.model;
   t.batch_size = 2;
   t.max_iters = 100;
@@ -156,10 +153,6 @@ void train_case(const Case& c, const std::string& dir) {
   t.warmup_iters = 10;
   t.lr_decay_iters = 100;
   t.min_lr = 1e-3;
-  t.device = "cpu";
-  t.dtype = "float32";
-  t.num_threads = 1;
-  t.plot = false;
   train::Trainer(t, /*quiet=*/true).run();
 }
 
