@@ -359,6 +359,13 @@ SequenceStepper::SequenceStepper(GPT& model, Quantize quantize) : state_(std::ma
 
 SequenceStepper::~SequenceStepper() = default;
 
+void SequenceStepper::prepare() {
+  if (state_->decoder_tried) return;
+  state_->decoder_tried = true;
+  c10::InferenceMode inference;
+  if (decoder_supports(*state_->model)) state_->decoder = std::make_unique<Decoder>(*state_->model, state_->quantize);
+}
+
 SequenceStepper::Step SequenceStepper::step(const std::vector<Sequence*>& batch) {
   if (batch.empty()) throw std::invalid_argument("[sample] a step needs at least one sequence");
   for (auto* s : batch) {
@@ -382,10 +389,7 @@ SequenceStepper::Step SequenceStepper::step(const std::vector<Sequence*>& batch)
     if (total == 1) s.cache.clear();
     (primed && (sliding || total <= block) ? one : prefill).push_back(b);
   }
-  if (!one.empty() && !state_->decoder_tried) {
-    state_->decoder_tried = true;
-    if (decoder_supports(*model)) state_->decoder = std::make_unique<Decoder>(*model, state_->quantize);
-  }
+  if (!one.empty()) prepare();
   std::vector<torch::Tensor> rows(B);  // each row's logits (V,)
   auto last_token = [&](int64_t b) { return batch[b]->tokens.back(); };
   if (!one.empty() && state_->decoder) {

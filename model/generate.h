@@ -100,6 +100,11 @@ class SequenceStepper {
   /// non-finite logits, as generate().
   Step step(const std::vector<Sequence*>& batch);
 
+  /// Packs the decoder's weights now rather than at the first step that needs them (tens of
+  /// milliseconds on the full-preset model: serve does it before its first request). Call it on the
+  /// thread that steps, under the autocast that the steps run under.
+  void prepare();
+
  private:
   struct State;
   std::unique_ptr<State> state_;

@@ -194,6 +194,11 @@ void Batcher::finish(Choice& c, const std::string& reason) {
 void Batcher::loop() {
   // Autocast is per thread: this one runs the model (the decoder packs its weights in bf16 under it).
   runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, options_.bf16);
+  try {
+    stepper_->prepare();  // the first request need not wait for the decoder's weights to be packed
+  } catch (const std::exception&) {
+    // (out of memory for the packed copy) the steps then take the general path
+  }
   std::vector<std::unique_ptr<Choice>> active;
   while (true) {
     Task task;

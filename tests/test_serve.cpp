@@ -26,6 +26,7 @@
 
 #include "data/utf8.h"
 #include "model/generate.h"
+#include "runtime/device.h"
 #include "serve/request.h"
 #include "serve/server.h"
 #include "train/checkpoint.h"
@@ -115,29 +116,58 @@ TEST_P(Batching, EachSequenceMatchesGenerateAloneWhateverJoinsOrLeaves) {
 INSTANTIATE_TEST_SUITE_P(Positions, Batching, ::testing::Values("rope", "learned"));
 
 // The decoder's step over sequences with caches of their own gives each row the logits of a
-// batch of one (the arithmetic per row does not depend on what else is in the batch).
-TEST(Batching, DecoderRowsWithOwnCachesEqualSteppingAlone) {
-  auto m = tiny_model("rope");
+// batch of one, bit for bit (the arithmetic per row does not depend on what else is in the batch),
+// in float32 and with bf16 matrices: nine rows, so the products take rows of x four at a time
+// (twice) and one alone, all at different positions; 128 columns, so that each sum has several
+// vector steps in either precision.
+class DecoderRows : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DecoderRows, WithOwnCachesEqualSteppingAlone) {
+  const bool bf16 = GetParam();
+  torch::manual_seed(7);
+  auto c = tiny_model_config();
+  c.pos_encoding = "rope";
+  c.vocab_size = 23;
+  c.n_embd = 128;
+  model::GPT m(c);
+  m->eval();
   c10::InferenceMode inference;
+  runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
   model::Decoder decoder(*m);
-  std::vector<model::KVCache> alone(3), together(3);
-  const std::vector<std::vector<int64_t>> streams{{1, 2, 3, 4, 5, 6}, {7, 8, 9}, {10, 11, 12, 13, 14, 15, 16, 17}};
-  // Different lengths first: row 2 runs ahead, row 1 behind.
-  for (size_t r = 0; r < 3; ++r)
-    for (size_t t = 0; t + 2 < streams[r].size(); ++t) {
+  ASSERT_EQ(decoder.bf16_weights(), bf16);
+  constexpr size_t kRows = 9;
+  std::vector<std::vector<int64_t>> streams;
+  for (size_t r = 0; r < kRows; ++r) {  // rows of 3 to 11 tokens: the last goes in the batched step
+    std::vector<int64_t> s;
+    for (size_t t = 0; t < 3 + r % 5 + r / 3; ++t) s.push_back(static_cast<int64_t>((r * 7 + t * 3) % 23));
+    streams.push_back(s);
+  }
+  std::vector<model::KVCache> alone(kRows), together(kRows);
+  for (size_t r = 0; r < kRows; ++r)
+    for (size_t t = 0; t + 1 < streams[r].size(); ++t) {
       decoder.step(torch::tensor({streams[r][t]}), alone[r]);
       decoder.step(torch::tensor({streams[r][t]}), together[r]);
     }
   std::vector<torch::Tensor> single;
-  for (size_t r = 0; r < 3; ++r) single.push_back(decoder.step(torch::tensor({streams[r][streams[r].size() - 2]}), alone[r]));
-  auto batched = decoder.step(torch::tensor({streams[0][4], streams[1][1], streams[2][6]}),
-                              std::vector<model::KVCache*>{&together[0], &together[1], &together[2]});
-  for (int64_t r = 0; r < 3; ++r) {
-    EXPECT_TRUE(torch::equal(batched[r], single[r][0])) << "row " << r;
+  std::vector<int64_t> last;
+  std::vector<model::KVCache*> caches;
+  for (size_t r = 0; r < kRows; ++r) {
+    last.push_back(streams[r].back());
+    single.push_back(decoder.step(torch::tensor({streams[r].back()}), alone[r]));
+    caches.push_back(&together[r]);
+  }
+  auto batched = decoder.step(torch::tensor(last), caches);
+  ASSERT_EQ(batched.size(0), static_cast<int64_t>(kRows));
+  for (size_t r = 0; r < kRows; ++r) {
+    EXPECT_TRUE(torch::equal(batched[r], single[r][0]))
+        << "row " << r << ": max difference " << (batched[r] - single[r][0]).abs().max().item<float>();
     EXPECT_EQ(together[r].length(), alone[r].length());
   }
   EXPECT_THROW(decoder.step(torch::tensor({1, 2}), std::vector<model::KVCache*>{&together[0]}), std::invalid_argument);
 }
+
+INSTANTIATE_TEST_SUITE_P(Matrices, DecoderRows, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "bf16" : "float32"; });
 
 // ---- Request parsing ----
 

@@ -85,7 +85,10 @@ inline __attribute__((always_inline)) void prefetch_two_ahead(const W* w, int64_
 // Rows r0 <= r < r1 of w @ x for each of B rows of x, four rows at a time (so each load of x feeds
 // four rows) and the last rows through dot(). sums(w4, xb, full, s) sets s[k] = w4[k] · xb over the
 // first `full` columns (whole steps of Sums::kStep columns); finish_rows adds the rest. W and X are
-// float, or uint16_t for bf16 (load_float widens it exactly).
+// float, or uint16_t for bf16 (load_float widens it exactly). With Sums::kTiles, sums.tile<N>(w4,
+// xn, full, s) does the same for N rows of x at once, s[j][k] = w4[k] · xn[j], each sum in the same
+// operations and order whatever N: a row of x gets the same bits in a batch of any size (serve's
+// requests alone or side by side), while a batch loads each weight once for four of its rows.
 template <typename W, typename X, typename Sums>
 inline __attribute__((always_inline)) void matvec_rows_blocks(const W* __restrict w, const X* __restrict x,
                                                                int64_t x_stride, int64_t B, int64_t cols, int64_t r0,
@@ -98,10 +101,23 @@ inline __attribute__((always_inline)) void matvec_rows_blocks(const W* __restric
     const W* w0 = w + r * cols;
     const W* const rows[kRowBlock] = {w0, w0 + cols, w0 + 2 * cols, w0 + 3 * cols};
     if (prefetch) prefetch_two_ahead(w, r, r1, cols);
-    for (int64_t b = 0; b < B; ++b) {
-      float s[kRowBlock];
-      sums(rows, x + b * x_stride, full, s);
-      finish_rows(rows, x + b * x_stride, full, cols, s, y + b * y_stride + r, accumulate);
+    int64_t b = 0;
+    if constexpr (Sums::kTiles) {  // four rows of x at a time: each load of w feeds four of them
+      for (; b + kRowBlock <= B; b += kRowBlock) {
+        const X* const xs[kRowBlock] = {x + b * x_stride, x + (b + 1) * x_stride, x + (b + 2) * x_stride,
+                                        x + (b + 3) * x_stride};
+        float s[kRowBlock][kRowBlock];
+        sums.template tile<kRowBlock>(rows, xs, full, s);
+        for (int64_t j = 0; j < kRowBlock; ++j)
+          finish_rows(rows, xs[j], full, cols, s[j], y + (b + j) * y_stride + r, accumulate);
+      }
+    }
+    for (; b < B; ++b) {
+      const X* const xs[1] = {x + b * x_stride};
+      float s[1][kRowBlock];
+      if constexpr (Sums::kTiles) sums.template tile<1>(rows, xs, full, s);
+      else sums(rows, xs[0], full, s[0]);
+      finish_rows(rows, xs[0], full, cols, s[0], y + b * y_stride + r, accumulate);
     }
   }
   for (; r < r1; ++r) {  // the last rows, fewer than a block
@@ -125,6 +141,7 @@ inline __attribute__((always_inline)) Acc widen(T v) {
 // the target_clones variant has; in fp32, or in int32 for the int8 products (exact).
 struct LaneSums {
   static constexpr int64_t kStep = kLanes;
+  static constexpr bool kTiles = false;
   template <typename W, typename X, typename Acc>
   inline __attribute__((always_inline)) void operator()(const W* const (&w)[kRowBlock], const X* __restrict xb,
                                                         int64_t full, Acc (&s)[kRowBlock]) const {
@@ -209,18 +226,25 @@ __attribute__((target("avx512f"), always_inline)) inline void sum_lanes(__m512 a
 // x, then sum_lanes' tree (GCC keeps LaneSums' lane-by-lane order: it may not reassociate).
 struct Avx512Sums {
   static constexpr int64_t kStep = kLanes;
-  template <typename W, typename X>
-  __attribute__((target("avx512f"))) void operator()(const W* const (&w)[kRowBlock], const X* __restrict xb,
-                                                      int64_t full, float (&s)[kRowBlock]) const {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  static constexpr bool kTiles = true;
+  // N rows of x: 4N accumulators, each row's four as for N = 1.
+  template <int64_t N, typename W, typename X>
+  __attribute__((target("avx512f"))) void tile(const W* const (&w)[kRowBlock], const X* const (&x)[N],
+                                                int64_t full, float (&s)[N][kRowBlock]) const {
+    __m512 a[N][kRowBlock];
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t k = 0; k < kRowBlock; ++k) a[j][k] = _mm512_setzero_ps();
     for (int64_t i = 0; i < full; i += kLanes) {
-      const __m512 xv = load16(xb + i);
-      a0 = _mm512_fmadd_ps(load16(w[0] + i), xv, a0);
-      a1 = _mm512_fmadd_ps(load16(w[1] + i), xv, a1);
-      a2 = _mm512_fmadd_ps(load16(w[2] + i), xv, a2);
-      a3 = _mm512_fmadd_ps(load16(w[3] + i), xv, a3);
+      const __m512 w0 = load16(w[0] + i), w1 = load16(w[1] + i), w2 = load16(w[2] + i), w3 = load16(w[3] + i);
+      for (int64_t j = 0; j < N; ++j) {
+        const __m512 xv = load16(x[j] + i);
+        a[j][0] = _mm512_fmadd_ps(w0, xv, a[j][0]);
+        a[j][1] = _mm512_fmadd_ps(w1, xv, a[j][1]);
+        a[j][2] = _mm512_fmadd_ps(w2, xv, a[j][2]);
+        a[j][3] = _mm512_fmadd_ps(w3, xv, a[j][3]);
+      }
     }
-    sum_lanes(a0, a1, a2, a3, s);
+    for (int64_t j = 0; j < N; ++j) sum_lanes(a[j][0], a[j][1], a[j][2], a[j][3], s[j]);
   }
 };
 
@@ -235,18 +259,26 @@ __attribute__((target("avx512f,avx512bf16"), always_inline)) inline __m512bh pai
 
 struct Avx512Bf16DotSums {
   static constexpr int64_t kStep = 2 * kLanes;
-  __attribute__((target("avx512f,avx512bf16"))) void operator()(const uint16_t* const (&w)[kRowBlock],
-                                                                 const uint16_t* __restrict xb, int64_t full,
-                                                                 float (&s)[kRowBlock]) const {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  static constexpr bool kTiles = true;
+  // N rows of x, as Avx512Sums::tile.
+  template <int64_t N>
+  __attribute__((target("avx512f,avx512bf16"))) void tile(const uint16_t* const (&w)[kRowBlock],
+                                                           const uint16_t* const (&x)[N], int64_t full,
+                                                           float (&s)[N][kRowBlock]) const {
+    __m512 a[N][kRowBlock];
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t k = 0; k < kRowBlock; ++k) a[j][k] = _mm512_setzero_ps();
     for (int64_t i = 0; i < full; i += kStep) {
-      const __m512bh xv = pairs(xb + i);
-      a0 = _mm512_dpbf16_ps(a0, pairs(w[0] + i), xv);
-      a1 = _mm512_dpbf16_ps(a1, pairs(w[1] + i), xv);
-      a2 = _mm512_dpbf16_ps(a2, pairs(w[2] + i), xv);
-      a3 = _mm512_dpbf16_ps(a3, pairs(w[3] + i), xv);
+      const __m512bh w0 = pairs(w[0] + i), w1 = pairs(w[1] + i), w2 = pairs(w[2] + i), w3 = pairs(w[3] + i);
+      for (int64_t j = 0; j < N; ++j) {
+        const __m512bh xv = pairs(x[j] + i);
+        a[j][0] = _mm512_dpbf16_ps(a[j][0], w0, xv);
+        a[j][1] = _mm512_dpbf16_ps(a[j][1], w1, xv);
+        a[j][2] = _mm512_dpbf16_ps(a[j][2], w2, xv);
+        a[j][3] = _mm512_dpbf16_ps(a[j][3], w3, xv);
+      }
     }
-    sum_lanes(a0, a1, a2, a3, s);
+    for (int64_t j = 0; j < N; ++j) sum_lanes(a[j][0], a[j][1], a[j][2], a[j][3], s[j]);
   }
 };
 
@@ -294,7 +326,7 @@ void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x
 
 void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
-  thread_local std::vector<uint16_t> rounded;  // each thread's copy of x in bf16
+  thread_local AlignedVector<uint16_t> rounded;  // each thread's copy of x in bf16
   rounded.resize(B * cols);
   round_rows_to_bf16(x, x_stride, B, cols, rounded.data());
 #if NANOGPT_X86_INTRINSICS
@@ -488,7 +520,7 @@ void quantize_rows_int8(const float* w, int64_t rows, int64_t cols, uint8_t* q, 
 
 void matvec_rows(const Int8Rows& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
-  thread_local std::vector<int8_t> xq;  // each thread quantizes x itself: no barrier for it
+  thread_local AlignedVector<int8_t> xq;  // each thread quantizes x itself: no barrier for it
   thread_local std::vector<float> xs;
   thread_local std::vector<int32_t> xsum;
   xq.resize(B * cols);
@@ -511,7 +543,7 @@ int64_t int4_groups(int64_t cols) { return (cols + kInt4Group - 1) / kInt4Group;
 // Each row of x (B of them, x_stride apart) as the int4 product takes it: xq (B, groups * kInt4Group)
 // int8, zeros past cols; s[b] its scale; gsum (B, groups) Σ x_q of each group, as float (exact: at
 // most 127 * kInt4Group).
-void quantize_rows_for_int4(const float* x, int64_t x_stride, int64_t B, int64_t cols, std::vector<int8_t>& xq,
+void quantize_rows_for_int4(const float* x, int64_t x_stride, int64_t B, int64_t cols, AlignedVector<int8_t>& xq,
                             std::vector<float>& s, std::vector<float>& gsum) {
   const int64_t groups = int4_groups(cols), padded = groups * kInt4Group;
   xq.assign(B * padded, int8_t{0});
@@ -749,7 +781,7 @@ float int4_weight(const Int4Tiles& w, int64_t r, int64_t c) {
 
 void matvec_rows(const Int4Tiles& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
                  float* __restrict y, int64_t y_stride, bool accumulate) {
-  thread_local std::vector<int8_t> xq;  // each thread quantizes x itself: no barrier for it
+  thread_local AlignedVector<int8_t> xq;  // each thread quantizes x itself: no barrier for it
   thread_local std::vector<float> s, gsum;
   quantize_rows_for_int4(x, x_stride, B, w.cols, xq, s, gsum);
 #if NANOGPT_X86_INTRINSICS
@@ -1083,7 +1115,8 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const bool parallel = at::get_num_threads() > 1 && threads_.use_threads();
+  ThreadChoice& choice = threads_[B];
+  const bool parallel = at::get_num_threads() > 1 && choice.use_threads();
 #ifdef _OPENMP
   const int threads = parallel ? at::get_num_threads() : 1;
 #else
@@ -1093,7 +1126,8 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
     split_.reset(threads);
     busy_.assign(threads, 0.0);
   }
-  const int64_t C = C_, H = hidden_, scratch_size = decode_attention_scratch(block, hs_);
+  const int64_t C = C_, H = hidden_;
+  const int64_t scratch_size = (decode_attention_scratch(block, hs_) + 15) / 16 * 16;  // each thread's on a cache line
   x_.resize(B * C);
   xn_.resize(threads * B * C);  // each thread normalises into its own copy: no barrier for it
   qkv_.resize(B * qkv_width_);
@@ -1232,7 +1266,7 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
   }
   if (split_measured) split_.update(busy_.data());  // every thread of the team wrote its busy time
   for (int64_t r = 0; r < rows; ++r) cache_of(r).len = positions[r] + 1;
-  threads_.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  choice.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return logits;
 }
 

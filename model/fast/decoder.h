@@ -14,10 +14,12 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "model/fast/dot.h"
+#include "model/fast/simd.h"
 #include "model/fast/thread_choice.h"
 #include "model/gpt.h"
 #include "model/kv_cache.h"
@@ -134,9 +136,12 @@ class Decoder {
   Matrix wte_, wpe_, head_;  // wpe_ empty unless learned positions
   torch::Tensor sinusoid_;        // (block_size, C), sinusoidal positions only
   std::unique_ptr<Rope> rope_;    // RoPE only: its own tables, the same values as the model's
-  std::vector<float> x_, xn_, qkv_, att_, hidden_buf_, attention_scratch_;  // per-token scratch, sized for B rows
+  AlignedVector<float> x_, xn_, qkv_, att_, hidden_buf_, attention_scratch_;  // per-token scratch, sized for B rows
 
-  ThreadChoice threads_;  // whether a token's products run on all threads or one, by measurement
+  /// Whether a token's products run on all threads or one, by measurement: a choice for each batch
+  /// size, since a step's time grows with its rows (serve's batch changes as requests come and go,
+  /// and one choice compared a 16-row step with a one-row step's time and left the threads).
+  std::map<int64_t, ThreadChoice> threads_;
   WorkSplit split_;            // each thread's share of the rows, by measured speed
   TeamBarrier barrier_;        // the token's barriers, on a team of all threads
   std::vector<double> busy_;  // each thread's working seconds in the last token
