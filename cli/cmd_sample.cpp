@@ -169,7 +169,7 @@ void run_sample(const SampleArgs& a) {
   const auto device = runtime::resolve_device(a.device);
   auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
   // Autocast for the whole run, as sample.py's ctx: fp32 weights, products in the low precision.
-  const std::string dtype = runtime::resolve_dtype(a.dtype, device);
+  const std::string dtype = runtime::resolve_sampling_dtype(a.dtype, device);
   const auto autocast_dtype = runtime::autocast_dtype(dtype);
   runtime::AutocastGuard autocast(device, autocast_dtype, autocast_dtype != torch::kFloat);
   const auto prompt = encode_prompt(a, loaded.vocab);
@@ -242,8 +242,9 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Random seed: same seed, same samples")->capture_default_str();
   cmd->add_option("--device", a->device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   cmd->add_option("--dtype", a->dtype,
-                  "float32 | bfloat16 | float16 (autocast: the products in that precision) | auto (bfloat16 where the "
-                  "device multiplies it in hardware, else float16 on a GPU and float32 on a CPU)")
+                  "float32 | bfloat16 | float16 (autocast: the products in that precision) | auto (float32 on a GPU, "
+                  "where a token at a time is bound by kernel launches and autocast only adds casts; on a CPU "
+                  "bfloat16 where it multiplies it in hardware, else float32)")
       ->capture_default_str();
   cmd->add_option("--quantize", a->quantize,
                   "none | int8: the weight matrices and their inputs in int8 (dynamic quantization) | int4: the "

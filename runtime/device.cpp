@@ -112,6 +112,11 @@ std::string resolve_dtype(const std::string& dtype, torch::Device device) {
   return device.is_cuda() ? "float16" : "float32";
 }
 
+std::string resolve_sampling_dtype(const std::string& dtype, torch::Device device) {
+  if (dtype == "auto" && device.is_cuda()) return "float32";
+  return resolve_dtype(dtype, device);
+}
+
 std::string resolve_training_dtype(const std::string& dtype, torch::Device device) {
   const std::string resolved = resolve_dtype(dtype, device);
   if (dtype != "auto" || resolved != "bfloat16" || !device.is_cpu()) return resolved;

@@ -133,11 +133,11 @@ rate() {  # name, then the command without its token count (the last argument is
   printf '  %-44s %6d ms for 1000 tokens + start-up, %7.0f tokens/s without start-up: %s\n' "$name" "$many" \
     "$(awk -v a="$one" -v b="$many" 'BEGIN { print (b > a ? 1000000 / (b - a) : 0) }')" "$(head -c 60 "$logs/sample.txt" | tr '\n' ' ')"
 }
-ours_sample=("$bin/nanogpt" sample --out_dir="$work/ours_bf16" --device=cuda --num_samples=1 --seed=1 --max_new_tokens=)
-rate "nanogpt-cpp (KV cache, bf16)" "${ours_sample[@]}"
-rate "nanogpt-cpp (KV cache, float32)" "${ours_sample[@]:0:${#ours_sample[@]}-1}" --dtype=float32 --max_new_tokens=
-rate "nanogpt-cpp --no_cache (bf16)" "${ours_sample[@]:0:${#ours_sample[@]}-1}" --no_cache --max_new_tokens=
-rate "nanogpt-cpp --beam=4 (bf16)" "${ours_sample[@]:0:${#ours_sample[@]}-1}" --beam=4 --max_new_tokens=
+ours_sample=("$bin/nanogpt" sample --out_dir="$work/ours_bf16" --device=cuda --num_samples=1 --seed=1)
+rate "nanogpt-cpp (KV cache, default dtype: float32)" "${ours_sample[@]}" --max_new_tokens=
+rate "nanogpt-cpp (KV cache, bf16)" "${ours_sample[@]}" --dtype=bfloat16 --max_new_tokens=
+rate "nanogpt-cpp --no_cache (float32)" "${ours_sample[@]}" --no_cache --max_new_tokens=
+rate "nanogpt-cpp --beam=4 (float32)" "${ours_sample[@]}" --beam=4 --max_new_tokens=
 if [[ -f $work/nano_False/ckpt.pt ]]; then
   (cd "$work/nanoGPT" && rate "nanoGPT sample.py (bf16, --compile=False)" env PYTHONPATH="$work/stub" "$py" sample.py \
     --out_dir="$work/nano_False" --device=cuda --dtype=bfloat16 --compile=False --num_samples=1 --max_new_tokens=)

@@ -101,6 +101,13 @@ TEST(Runtime, DtypeAutoFollowsTheCpusBf16Support) {
   EXPECT_EQ(nanogpt::runtime::resolve_dtype("auto", torch::kCPU), bf16 ? "bfloat16" : "float32");
   for (const char* explicit_dtype : {"float32", "bfloat16", "float16"})
     EXPECT_EQ(nanogpt::runtime::resolve_dtype(explicit_dtype, torch::kCPU), explicit_dtype);
+  // Sampling: the CPU's choice on the CPU; float32 on a GPU unless asked (no GPU needed to decide).
+  EXPECT_EQ(nanogpt::runtime::resolve_sampling_dtype("auto", torch::kCPU), bf16 ? "bfloat16" : "float32");
+  EXPECT_EQ(nanogpt::runtime::resolve_sampling_dtype("auto", torch::Device("cuda")), "float32");
+  for (const char* explicit_dtype : {"float32", "bfloat16", "float16"}) {
+    EXPECT_EQ(nanogpt::runtime::resolve_sampling_dtype(explicit_dtype, torch::Device("cuda")), explicit_dtype);
+    EXPECT_EQ(nanogpt::runtime::resolve_sampling_dtype(explicit_dtype, torch::kCPU), explicit_dtype);
+  }
 }
 
 // Training's "auto" on the CPU is bf16 only where bf16 products are faster than fp32 ones here. An
