@@ -20,11 +20,30 @@ using Clock = std::chrono::steady_clock;
 // ---- Job ----
 
 bool Job::wait_events(std::vector<ChoiceEvent>& out, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  ready_.wait_for(lock, timeout, [&] { return !events_.empty() || open_choices_ == 0; });
+  std::vector<ChoiceEvent> pending;
+  bool more;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_.wait_for(lock, timeout, [&] { return !events_.empty() || open_choices_ == 0; });
+    pending.swap(events_);
+    more = !pending.empty() || open_choices_ > 0;
+  }
   out.clear();
-  out.swap(events_);
-  return !out.empty() || open_choices_ > 0;
+  for (auto& e : pending) {  // one event a choice: its pending ones joined, in order
+    auto same = std::find_if(out.begin(), out.end(), [&](const ChoiceEvent& o) { return o.index == e.index; });
+    if (same == out.end()) {
+      out.push_back(std::move(e));
+      continue;
+    }
+    same->text += e.text;
+    same->tokens.insert(same->tokens.end(), std::make_move_iterator(e.tokens.begin()),
+                        std::make_move_iterator(e.tokens.end()));
+    if (e.finish) {
+      same->finish = std::move(e.finish);
+      same->generated = e.generated;
+    }
+  }
+  return more;
 }
 
 std::string Job::error() const {

@@ -45,7 +45,10 @@ struct ChoiceEvent {
 /// One request in flight: its choices' events, read by the HTTP thread that serves it.
 class Job {
  public:
-  /// Waits up to `timeout` for events; moves them out. Returns false when every choice has finished and nothing is left.
+  /// Waits up to `timeout` for events and moves them out, each choice's pending events joined into
+  /// one (its text and tokens in order, the last one's finish): a client that reads slower than the
+  /// tokens come gets fewer, longer events instead of falling behind. Returns false when every
+  /// choice has finished and nothing is left.
   bool wait_events(std::vector<ChoiceEvent>& out, std::chrono::milliseconds timeout);
   /// The client went away: its sequences leave their slots at the next step.
   void cancel() { cancelled_ = true; }

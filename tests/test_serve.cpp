@@ -27,6 +27,8 @@
 #include "data/utf8.h"
 #include "model/generate.h"
 #include "runtime/device.h"
+#include "serve/batcher.h"
+#include "serve/metrics.h"
 #include "serve/request.h"
 #include "serve/server.h"
 #include "train/checkpoint.h"
@@ -168,6 +170,45 @@ TEST_P(DecoderRows, WithOwnCachesEqualSteppingAlone) {
 
 INSTANTIATE_TEST_SUITE_P(Matrices, DecoderRows, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "bf16" : "float32"; });
+
+// A reader that falls behind gets each choice's pending tokens joined into one event: after both
+// choices have finished unread, one wait hands over exactly one event each, holding all their
+// tokens in order (the greedy text generate() gives) and the finish; then nothing is left.
+TEST(Batching, AReaderThatFallsBehindGetsOneEventAChoice) {
+  auto m = tiny_model("rope");
+  const auto vocab = data::Vocab::from_text("abcdefghijklmnopqrstuvw");  // the model's 23 tokens
+  ASSERT_EQ(vocab.size(), 23);
+  serve::ServerOptions options;
+  serve::Metrics metrics;
+  serve::Batcher batcher(m, vocab, options, metrics);
+  const auto request = serve::parse_completion_request(
+      R"({"prompt": "abc", "max_tokens": 12, "n": 2, "temperature": 0, "logprobs": 0})", vocab, options);
+  auto job = batcher.submit(request);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (metrics.text(0, 0, 0).find("nanogpt_generated_tokens_total 24\n") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the two choices did not finish";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  model::SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  const auto tokens = reference(m, request.prompts[0], 12, greedy, 1);
+  const std::string expected = vocab.decode(std::vector<int64_t>(tokens.begin() + 3, tokens.end()));
+  std::vector<serve::ChoiceEvent> events;
+  ASSERT_TRUE(job->wait_events(events, std::chrono::milliseconds(0)));
+  ASSERT_EQ(events.size(), 2u);
+  for (const auto& e : events) {
+    EXPECT_EQ(e.text, expected) << "choice " << e.index;
+    EXPECT_EQ(e.tokens.size(), 12u);
+    std::string joined;
+    for (const auto& t : e.tokens) joined += t.text;
+    EXPECT_EQ(joined, expected);
+    EXPECT_EQ(e.finish, std::optional<std::string>("length"));
+    EXPECT_EQ(e.generated, 12);
+  }
+  EXPECT_NE(events[0].index, events[1].index);
+  EXPECT_FALSE(job->wait_events(events, std::chrono::milliseconds(0)));
+  EXPECT_TRUE(events.empty());
+}
 
 // ---- Request parsing ----
 
