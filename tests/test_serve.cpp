@@ -119,9 +119,9 @@ INSTANTIATE_TEST_SUITE_P(Positions, Batching, ::testing::Values("rope", "learned
 
 // The decoder's step over sequences with caches of their own gives each row the logits of a
 // batch of one, bit for bit (the arithmetic per row does not depend on what else is in the batch),
-// in float32 and with bf16 matrices: nine rows, so the products take rows of x four at a time
-// (twice) and one alone, all at different positions; 128 columns, so that each sum has several
-// vector steps in either precision.
+// in float32 and with bf16 matrices: nine rows, so the products take rows of x several at a time
+// (float32: eight, then one; bf16: four, four, then one), all at different positions; 128 columns,
+// so that each sum has several steps in either precision.
 class DecoderRows : public ::testing::TestWithParam<bool> {};
 
 TEST_P(DecoderRows, WithOwnCachesEqualSteppingAlone) {

@@ -779,6 +779,129 @@ float int4_weight(const Int4Tiles& w, int64_t r, int64_t c) {
   return std::fma(bf16_bits_to_float(d), static_cast<float>(u), bf16_bits_to_float(m));
 }
 
+namespace {
+
+// Panels p0 .. p0 + P - 1 (rows row0 .. row0 + 16P - 1, those below r1 stored) against rows x[0 .. N)
+// of x: P * N accumulators, one multiply-add a column each, columns in order.
+template <int P, int N, typename Store>
+inline __attribute__((always_inline)) void panel_block_portable(const float* __restrict w, int64_t cols,
+                                                                const float* __restrict x, int64_t x_stride,
+                                                                Store store) {
+  float acc[P][N][kPanel] = {};
+  for (int64_t k = 0; k < cols; ++k)
+    for (int n = 0; n < N; ++n) {
+      const float xv = x[n * x_stride + k];
+      for (int p = 0; p < P; ++p)
+        for (int64_t l = 0; l < kPanel; ++l) acc[p][n][l] += w[(p * cols + k) * kPanel + l] * xv;
+    }
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n) store(p, n, acc[p][n]);
+}
+
+// The panels [p_begin, p_end) against rows b .. b + N - 1 of x, P panels a pass, then one.
+template <template <int, int> class Block, int P, int N>
+inline __attribute__((always_inline)) void panel_rows(const F32Panels& w, int64_t p_begin, int64_t p_end,
+                                                      const float* __restrict x, int64_t x_stride, int64_t r1,
+                                                      float* __restrict y, int64_t y_stride, bool accumulate) {
+  int64_t p = p_begin;
+  for (; p + P <= p_end; p += P) Block<P, N>::run(w, p, x, x_stride, r1, y, y_stride, accumulate);
+  for (; p < p_end; ++p) Block<1, N>::run(w, p, x, x_stride, r1, y, y_stride, accumulate);
+}
+
+// Every panel of [r0, r1) against every row of x, P panels and N rows of x a pass (N: 8, then 4,
+// then 1; P as many as the registers hold), through Block<P, N>::run.
+template <template <int, int> class Block>
+inline __attribute__((always_inline)) void panel_passes(const F32Panels& w, const float* __restrict x,
+                                                        int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
+                                                        float* __restrict y, int64_t y_stride, bool accumulate) {
+  const int64_t p_begin = r0 / kPanel, p_end = (r1 + kPanel - 1) / kPanel;
+  // With more than one pass of x rows, the panels go by in slices of ~512 KB, each met by every
+  // pass before the next: a slice stays in L2 instead of coming from L3 once a pass.
+  const int64_t slice = B >= 8 ? std::max<int64_t>(3, (int64_t{1} << 19) / (kPanel * w.cols * 4) / 3 * 3) : p_end;
+  for (int64_t s0 = p_begin; s0 < p_end; s0 += slice) {
+    const int64_t s1 = std::min(p_end, s0 + slice);
+    int64_t b = 0;
+    for (; b + 8 <= B; b += 8)
+      panel_rows<Block, 3, 8>(w, s0, s1, x + b * x_stride, x_stride, r1, y + b * y_stride, y_stride, accumulate);
+    for (; b + 4 <= B; b += 4)
+      panel_rows<Block, 4, 4>(w, s0, s1, x + b * x_stride, x_stride, r1, y + b * y_stride, y_stride, accumulate);
+    for (; b < B; ++b)
+      panel_rows<Block, 8, 1>(w, s0, s1, x + b * x_stride, x_stride, r1, y + b * y_stride, y_stride, accumulate);
+  }
+}
+
+// Row `row` of output lane l into y (or added to it), for the rows below r1.
+inline void store_panel_row(const float* acc, int64_t row0, int64_t r1, float* y, bool accumulate) {
+  for (int64_t l = 0; l < kPanel && row0 + l < r1; ++l) y[row0 + l] = accumulate ? y[row0 + l] + acc[l] : acc[l];
+}
+
+template <int P, int N>
+struct PortablePanels {
+  static inline __attribute__((always_inline)) void run(const F32Panels& w, int64_t p0, const float* x, int64_t x_stride,
+                                                        int64_t r1, float* y, int64_t y_stride, bool accumulate) {
+    panel_block_portable<P, N>(w.data + p0 * kPanel * w.cols, w.cols, x, x_stride, [&](int p, int n, const float* acc) {
+      store_panel_row(acc, (p0 + p) * kPanel, r1, y + n * y_stride, accumulate);
+    });
+  }
+};
+
+NANOGPT_KERNEL(NANOGPT_FMA_ONLY_CLONES, void, matvec_panels_portable, (const F32Panels& w, const float* __restrict x,
+               int64_t x_stride, int64_t B, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
+               bool accumulate), (w, x, x_stride, B, r0, r1, y, y_stride, accumulate), {
+  panel_passes<PortablePanels>(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+})
+
+#if NANOGPT_X86_INTRINSICS
+template <int P, int N>
+struct Avx512Panels {
+  __attribute__((target("avx512f"))) static void run(const F32Panels& w, int64_t p0,
+                                                                             const float* x, int64_t x_stride,
+                                                                             int64_t r1, float* y, int64_t y_stride,
+                                                                             bool accumulate) {
+    const int64_t cols = w.cols;
+    const float* wp = w.data + p0 * kPanel * cols;
+    __m512 acc[P][N];
+    for (int p = 0; p < P; ++p)
+      for (int n = 0; n < N; ++n) acc[p][n] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < cols; ++k) {
+      __m512 wv[P];
+      for (int p = 0; p < P; ++p) wv[p] = _mm512_loadu_ps(wp + (p * cols + k) * kPanel);
+      for (int n = 0; n < N; ++n) {
+        const __m512 xv = _mm512_set1_ps(x[n * x_stride + k]);
+        for (int p = 0; p < P; ++p) acc[p][n] = _mm512_fmadd_ps(wv[p], xv, acc[p][n]);
+      }
+    }
+    for (int p = 0; p < P; ++p) {
+      const int64_t row0 = (p0 + p) * kPanel;
+      if (row0 >= r1) break;
+      const __mmask16 mask = r1 - row0 >= kPanel ? __mmask16(0xFFFF) : __mmask16((1u << (r1 - row0)) - 1);
+      for (int n = 0; n < N; ++n) {
+        float* out = y + n * y_stride + row0;
+        const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), acc[p][n]) : acc[p][n];
+        _mm512_mask_storeu_ps(out, mask, v);
+      }
+    }
+  }
+};
+
+__attribute__((target("avx512f"), flatten)) void matvec_panels_avx512(const F32Panels& w, const float* __restrict x,
+                                                                      int64_t x_stride, int64_t B, int64_t r0,
+                                                                      int64_t r1, float* __restrict y, int64_t y_stride,
+                                                                      bool accumulate) {
+  panel_passes<Avx512Panels>(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+}
+#endif
+
+}  // namespace
+
+void matvec_rows(const F32Panels& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
+                 float* __restrict y, int64_t y_stride, bool accumulate) {
+#if NANOGPT_X86_INTRINSICS
+  if (avx512_kernels()) return matvec_panels_avx512(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+#endif
+  matvec_panels_portable(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+}
+
 void matvec_rows(const Int4Tiles& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
                  float* __restrict y, int64_t y_stride, bool accumulate) {
   thread_local AlignedVector<int8_t> xq;  // each thread quantizes x itself: no barrier for it
@@ -850,7 +973,9 @@ Decoder::Decoder(GPTImpl& model, Quantize quantize)
       bf16_(at::autocast::is_autocast_enabled(at::kCPU)),
       quantize_(quantize),
       kv_int8_(quantize != Quantize::none && int8_kv_supported(config_.head_size())),
-      unit_(quantize == Quantize::int4 ? kInt4Tile : kRowBlock) {
+      unit_(quantize == Quantize::int4 ? kInt4Tile
+            : quantize == Quantize::none && !bf16_ ? kPanel
+                                                  : kRowBlock) {
   if (!decoder_supports(model))
     throw std::invalid_argument(
         "[model] the hand-written decoder needs an fp32 model on the CPU in eval mode, without autograd, and CPU "
@@ -919,6 +1044,16 @@ Decoder::Matrix Decoder::pack_matrix(const torch::Tensor& t, bool in_block) {
     return m;
   }
   Matrix m;
+  if (!bf16_ && in_block && t.defined()) {  // panels of kPanel rows (dot.h's F32Panels)
+    const int64_t rows = t.size(0), cols = t.size(1), padded = (rows + kPanel - 1) / kPanel * kPanel;
+    auto w = torch::zeros({padded, cols}, torch::kFloat);
+    w.narrow(0, 0, rows).copy_(t.detach());
+    m.panels = {static_cast<const float*>(place(packed_, packed_size_,
+                                                w.view({padded / kPanel, kPanel, cols}).permute({0, 2, 1}).contiguous(),
+                                                torch::kFloat)),
+                rows, cols};
+    return m;
+  }
   if (!bf16_) m.f32 = pack(t);
   else m.bf16 = static_cast<const uint16_t*>(place(packed_bf16_, packed_bf16_size_, t, torch::kBFloat16));
   return m;
@@ -940,7 +1075,8 @@ void Decoder::Matrix::add_row(int64_t r, int64_t cols, float* out) const {
 
 void Decoder::Matrix::rows(const float* x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1,
                            float* y, int64_t y_stride, bool accumulate) const {
-  if (int4.data) matvec_rows(int4, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+  if (panels.data) matvec_rows(panels, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+  else if (int4.data) matvec_rows(int4, x, x_stride, B, r0, r1, y, y_stride, accumulate);
   else if (int8.q) matvec_rows(int8, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
   else if (bf16) matvec_rows(bf16, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
   else matvec_rows(f32, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
@@ -1140,7 +1276,7 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
   for (int64_t b = 0; b < B; ++b) {
     wte_.row(id[b], C, x + b * C);
     if (wpe_) wpe_.add_row(positions[b], C, x + b * C);
-    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr, {}, {}}.add_row(positions[b], C, x + b * C);
+    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr, {}, {}, {}}.add_row(positions[b], C, x + b * C);
   }
   std::vector<const float*> cos2(rows, nullptr), sin2(rows, nullptr);  // each cache's RoPE rows
   for (int64_t r = 0; r < rows && rope_; ++r) {

@@ -40,6 +40,26 @@ void matvec_rows(const float* __restrict w, const float* __restrict x, int64_t x
 void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate);
 
+/// An fp32 weight matrix (rows, cols) packed in panels of kPanel rows for products with several
+/// rows of x at once (serve's batches): panel p holds rows kPanel * p .. + kPanel - 1 column after
+/// column, kPanel values a column (the last panel padded with zero rows). Each output sits in one
+/// vector lane and is summed over the columns in order, one multiply-add a column, so no sums
+/// across lanes are needed and every output gets the same bits in a batch of any size.
+constexpr int64_t kPanel = 16;
+struct F32Panels {
+  const float* data = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
+/// Floats of a (rows, cols) matrix's F32Panels.
+inline int64_t panel_floats(int64_t rows, int64_t cols) { return (rows + kPanel - 1) / kPanel * kPanel * cols; }
+
+/// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 with F32Panels
+/// weights: each output summed over the columns in order (an AVX-512 multiply-add per column where
+/// the CPU has it). r0 a multiple of kPanel; r1 one too, or w.rows.
+void matvec_rows(const F32Panels& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
+                 float* __restrict y, int64_t y_stride, bool accumulate);
+
 /// x (n values) -> q = nearbyint(x / s), s = max|x| / 127 (1 for zeros), clamped to ±127; returns s,
 /// and Σ q in *sum. NaN or inf in x: s is NaN and q zeros. (Each product's input, and with
 /// `--quantize` the KV cache's keys, values and queries.)
