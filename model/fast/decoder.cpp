@@ -1251,8 +1251,13 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
-  ThreadChoice& choice = threads_[B];
-  const bool parallel = at::get_num_threads() > 1 && choice.use_threads();
+  // Four rows and more always take the threads: a step is then several times a token's work for
+  // the same barriers, so a thread that loses its core costs proportionally less, and the thread
+  // choice's short trials misjudged it: serving 16 and 64 streaming clients (full preset, 2 cores,
+  // the clients and HTTP threads on the same cores) its trials chose one thread, 2,020-3,093 and
+  // 2,346-2,440 tok/s, against 3,062-3,749 and 3,347-3,444 with the threads kept.
+  ThreadChoice* choice = B < kThreadChoiceRows ? &threads_[B] : nullptr;
+  const bool parallel = at::get_num_threads() > 1 && (!choice || choice->use_threads());
 #ifdef _OPENMP
   const int threads = parallel ? at::get_num_threads() : 1;
 #else
@@ -1402,7 +1407,7 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
   }
   if (split_measured) split_.update(busy_.data());  // every thread of the team wrote its busy time
   for (int64_t r = 0; r < rows; ++r) cache_of(r).len = positions[r] + 1;
-  choice.record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (choice) choice->record(parallel, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return logits;
 }
 

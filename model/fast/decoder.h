@@ -142,9 +142,11 @@ class Decoder {
   std::unique_ptr<Rope> rope_;    // RoPE only: its own tables, the same values as the model's
   AlignedVector<float> x_, xn_, qkv_, att_, hidden_buf_, attention_scratch_;  // per-token scratch, sized for B rows
 
-  /// Whether a token's products run on all threads or one, by measurement: a choice for each batch
-  /// size, since a step's time grows with its rows (serve's batch changes as requests come and go,
-  /// and one choice compared a 16-row step with a one-row step's time and left the threads).
+  /// Whether a token's products run on all threads or one, by measurement, for steps of fewer than
+  /// kThreadChoiceRows rows (larger ones always take the threads): a choice for each batch size,
+  /// since a step's time grows with its rows (one choice compared a 16-row step with a one-row
+  /// step's time and left the threads).
+  static constexpr int64_t kThreadChoiceRows = 4;
   std::map<int64_t, ThreadChoice> threads_;
   WorkSplit split_;            // each thread's share of the rows, by measured speed
   TeamBarrier barrier_;        // the token's barriers, on a team of all threads

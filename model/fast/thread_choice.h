@@ -20,6 +20,8 @@
 //    for few trials: a trial's tokens on the threads, and the tokens until the switch, can each
 //    wait a time slice.
 // The logits do not depend on the choice: each row and head is computed the same way on any thread.
+// The decoder asks only for steps of fewer than four sequences (decoder.h: larger ones always take
+// the threads).
 #pragma once
 
 #include <atomic>
