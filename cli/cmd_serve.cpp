@@ -56,6 +56,8 @@ void run_serve(ServeArgs a) {
     bad("--quantize (" + a.quantize + ") must be none, int8 or int4");
   if (a.dtype != "auto" && a.dtype != "float32" && a.dtype != "bfloat16")
     bad("--dtype (" + a.dtype + ") must be auto, float32 or bfloat16");
+  if (!(o.stream_interval_ms >= 0.0 && o.stream_interval_ms <= 1000.0))
+    bad(fmt::format("--stream_interval ({}) must be in [0, 1000] milliseconds (0 = an event a token)", o.stream_interval_ms));
   o.write_timeout_s = o.read_timeout_s;
 
   // SIGINT and SIGTERM go to one watcher thread (blocked here, before any thread starts, so every
@@ -124,6 +126,10 @@ void add_serve_command(CLI::App& app) {
                   "Longest text POST /v1/attention looks at, in characters (and at most the model's block_size)")
       ->capture_default_str();
   cmd->add_option("--connections", o.connections, "Connections served at once (their threads)")->capture_default_str();
+  cmd->add_option("--stream_interval", o.stream_interval_ms,
+                  "Milliseconds between a stream's events at least: tokens that come faster go together in one "
+                  "event (0 = an event a token)")
+      ->capture_default_str();
   cmd->add_option("--timeout", o.read_timeout_s, "Seconds a client may stay silent (reading or writing) before it is dropped")
       ->capture_default_str();
   cmd->add_option("--quantize", a->quantize, "none | int8 | int4: the decoder's weights, as `sample --quantize`")->capture_default_str();

@@ -24,6 +24,7 @@ struct ServerOptions {
   int64_t read_timeout_s = 10;            // a client that sends nothing for this long is dropped
   int64_t write_timeout_s = 10;           // a client that reads nothing for this long is dropped
   double drain_timeout_s = 5.0;           // on SIGTERM: streams in flight end within this
+  double stream_interval_ms = 2.0;        // a stream's events at most this often: faster tokens are joined
   bool bf16 = false;                      // the model's products in bfloat16 (CPU autocast, as `sample --dtype=bfloat16`)
 };
 

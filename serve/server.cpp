@@ -264,12 +264,20 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
   // finish_reason, then `data: [DONE]`. The provider runs on this connection's thread.
   ++open_streams;
   auto offsets = std::make_shared<std::map<int64_t, size_t>>();  // text_offset so far, per choice
+  auto last_write = std::make_shared<std::chrono::steady_clock::time_point>();  // the first event goes at once
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, job, id, created, with_logprobs, with_top, request, prompt_of, offsets](size_t, httplib::DataSink& sink) {
+      [this, job, id, created, with_logprobs, with_top, request, prompt_of, offsets, last_write](size_t,
+                                                                                                  httplib::DataSink& sink) {
+        // Events at most every --stream_interval milliseconds: tokens that come faster are joined
+        // (Job::wait_events), so a fast model does not cost its client a read and a parse a token.
+        const auto interval = std::chrono::duration<double, std::milli>(options.stream_interval_ms);
+        const auto since = std::chrono::steady_clock::now() - *last_write;
+        if (since < interval) std::this_thread::sleep_for(interval - since);
         std::vector<ChoiceEvent> events;
         const bool more = job->wait_events(events, std::chrono::milliseconds(50));
+        if (!events.empty()) *last_write = std::chrono::steady_clock::now();
         for (auto& e : events) {
           std::string text = e.text;
           auto seen = offsets->find(e.index);

@@ -31,6 +31,7 @@
 #include "serve/metrics.h"
 #include "serve/request.h"
 #include "serve/server.h"
+#include "shell.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train_fixture.h"
@@ -41,11 +42,6 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-int shell(const std::string& cmd) {
-  const int status = std::system(cmd.c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 std::string fmt_percent(unsigned char c) {
   static const char* hex = "0123456789ABCDEF";
@@ -418,6 +414,32 @@ TempDir* ServeHttp::dir_ = nullptr;
 int ServeHttp::train_rc_ = -1;
 
 const std::string kPrompt = "\u5E8A\u524D\u660E\u6708\u5149";  // 床前明月光
+
+// --stream_interval joins the tokens that come faster than it: with a second between events, a
+// 30-token greedy stream of this small model (a few milliseconds of work) arrives as its first
+// event and at most two more, and is still the whole text. A negative interval is one error line.
+TEST_F(ServeHttp, TokensFasterThanTheStreamIntervalShareAnEvent) {
+  ServerProcess server(dir_->path, out_dir() + " --stream_interval=1000");
+  ASSERT_GT(server.port(), 0) << server.log();
+  const json request{{"prompt", kPrompt}, {"max_tokens", 30}, {"temperature", 0}};
+  auto plain = curl("POST", server.url("/v1/completions"), request.dump());
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  json streamed = request;
+  streamed["stream"] = true;
+  auto sse = curl("POST", server.url("/v1/completions"), streamed.dump(), "-N");
+  ASSERT_EQ(sse.status, 200) << sse.body;
+  auto ev = events(sse.body);
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev.back(), json("[DONE]"));
+  EXPECT_LE(ev.size(), 4u) << "events: " << sse.body;  // up to three with text, then [DONE]
+  std::string text;
+  for (size_t i = 0; i + 1 < ev.size(); ++i) text += ev[i]["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, json::parse(plain.body)["choices"][0]["text"].get<std::string>());
+
+  const auto bad = run_nanogpt("serve " + out_dir() + " --stream_interval=-1", dir_->path);
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--stream_interval (-1)"), std::string::npos) << bad.err;
+}
 
 // A greedy completion over HTTP is generate()'s text for the prompt; streamed, it arrives as whole
 // characters in events ending in data: [DONE], and is the same text.
