@@ -406,6 +406,19 @@ class ServeHttp : public ::testing::Test {
     return out;
   }
 
+  /// POST `request` to /v1/completions streamed (stream: true, curl -N): its events, checked to be
+  /// an event stream of at least one event ending in data: [DONE].
+  static std::vector<json> streamed_events(const ServerProcess& server, json request) {
+    request["stream"] = true;
+    auto sse = curl("POST", server.url("/v1/completions"), request.dump(), "-N");
+    EXPECT_EQ(sse.status, 200) << sse.body;
+    EXPECT_NE(sse.headers.find("text/event-stream"), std::string::npos) << sse.headers;
+    auto ev = events(sse.body);
+    EXPECT_GE(ev.size(), 2u) << sse.body;
+    if (!ev.empty()) EXPECT_EQ(ev.back(), json("[DONE]")) << sse.body;
+    return ev;
+  }
+
   static TempDir* dir_;
   static int train_rc_;
 };
@@ -424,14 +437,9 @@ TEST_F(ServeHttp, TokensFasterThanTheStreamIntervalShareAnEvent) {
   const json request{{"prompt", kPrompt}, {"max_tokens", 30}, {"temperature", 0}};
   auto plain = curl("POST", server.url("/v1/completions"), request.dump());
   ASSERT_EQ(plain.status, 200) << plain.body;
-  json streamed = request;
-  streamed["stream"] = true;
-  auto sse = curl("POST", server.url("/v1/completions"), streamed.dump(), "-N");
-  ASSERT_EQ(sse.status, 200) << sse.body;
-  auto ev = events(sse.body);
+  const auto ev = streamed_events(server, request);
   ASSERT_GE(ev.size(), 2u);
-  EXPECT_EQ(ev.back(), json("[DONE]"));
-  EXPECT_LE(ev.size(), 4u) << "events: " << sse.body;  // up to three with text, then [DONE]
+  EXPECT_LE(ev.size(), 4u);  // up to three with text, then [DONE]
   std::string text;
   for (size_t i = 0; i + 1 < ev.size(); ++i) text += ev[i]["choices"][0]["text"].get<std::string>();
   EXPECT_EQ(text, json::parse(plain.body)["choices"][0]["text"].get<std::string>());
@@ -470,14 +478,8 @@ TEST_F(ServeHttp, CompletionsMatchGenerateStreamedAndNot) {
     EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()].get<double>(), 1e-9);
   }
 
-  json streamed = request;
-  streamed["stream"] = true;
-  auto sse = curl("POST", server.url("/v1/completions"), streamed.dump(), "-N");
-  ASSERT_EQ(sse.status, 200) << sse.body;
-  EXPECT_NE(sse.headers.find("text/event-stream"), std::string::npos);
-  auto ev = events(sse.body);
+  const auto ev = streamed_events(server, request);
   ASSERT_GE(ev.size(), 2u);
-  EXPECT_EQ(ev.back(), json("[DONE]"));
   std::string text;
   for (size_t i = 0; i + 1 < ev.size(); ++i) {
     const std::string piece = ev[i]["choices"][0]["text"];
@@ -536,13 +538,8 @@ TEST_F(ServeHttp, ABpeModelStreamsWholeCharactersWhenBytePiecesSplitThem) {
     const std::string text = j["choices"][0]["text"];
     for (const auto& token : j["choices"][0]["logprobs"]["tokens"])
       split_characters += token.get<std::string>().find("\uFFFD") != std::string::npos;
-    json streamed = request;
-    streamed["stream"] = true;
-    auto sse = curl("POST", server.url("/v1/completions"), streamed.dump(), "-N");
-    ASSERT_EQ(sse.status, 200) << sse.body;
-    auto ev = events(sse.body);
+    const auto ev = streamed_events(server, request);
     ASSERT_GE(ev.size(), 2u);
-    EXPECT_EQ(ev.back(), json("[DONE]"));
     std::string joined;
     for (size_t i = 0; i + 1 < ev.size(); ++i) {
       const std::string piece = ev[i]["choices"][0]["text"];
