@@ -415,7 +415,9 @@ class ServeHttp : public ::testing::Test {
     EXPECT_NE(sse.headers.find("text/event-stream"), std::string::npos) << sse.headers;
     auto ev = events(sse.body);
     EXPECT_GE(ev.size(), 2u) << sse.body;
-    if (!ev.empty()) EXPECT_EQ(ev.back(), json("[DONE]")) << sse.body;
+    if (!ev.empty()) {
+      EXPECT_EQ(ev.back(), json("[DONE]")) << sse.body;
+    }
     return ev;
   }
 

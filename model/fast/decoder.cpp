@@ -1046,12 +1046,14 @@ Decoder::Matrix Decoder::pack_matrix(const torch::Tensor& t, bool in_block) {
   Matrix m;
   if (!bf16_ && in_block && t.defined()) {  // panels of kPanel rows (dot.h's F32Panels)
     const int64_t rows = t.size(0), cols = t.size(1), padded = (rows + kPanel - 1) / kPanel * kPanel;
+    if (!packed_.defined()) {  // measuring: only the size (an untouched allocation)
+      place(packed_, packed_size_, torch::empty({padded, cols}, torch::kFloat), torch::kFloat);
+      return m;
+    }
     auto w = torch::zeros({padded, cols}, torch::kFloat);
     w.narrow(0, 0, rows).copy_(t.detach());
-    m.panels = {static_cast<const float*>(place(packed_, packed_size_,
-                                                w.view({padded / kPanel, kPanel, cols}).permute({0, 2, 1}).contiguous(),
-                                                torch::kFloat)),
-                rows, cols};
+    const auto panels = w.view({padded / kPanel, kPanel, cols}).permute({0, 2, 1}).contiguous();
+    m.panels = {static_cast<const float*>(place(packed_, packed_size_, panels, torch::kFloat)), rows, cols};
     return m;
   }
   if (!bf16_) m.f32 = pack(t);

@@ -41,10 +41,10 @@ class Decoder {
   /// call). In fp32 the blocks' matrices are packed in panels of 16 rows (dot.h's F32Panels):
   /// several sequences' products then share each load of a weight, each output summed over its
   /// columns in one lane, the same bits in a batch of any size (full-preset model, 16 sequences,
-  /// one thread: the products in 2.9 ms against 5.1-5.9 with rows of four). Under CPU bf16 autocast every weight matrix (the embeddings, Q/K/V, the projections,
-  /// the MLP, the head) is packed in bf16, rounded as autocast rounds the weights of its bf16
-  /// products: half the bytes to stream per token. Each product then takes its input rounded to
-  /// bf16 too, as autocast's do, and sums the exact products in fp32 (matvec_rows); the norms'
+  /// one thread: the products in 2.9 ms against 5.1-5.9 with rows of four). Under CPU bf16
+  /// autocast every weight matrix (the embeddings, Q/K/V, the projections, the MLP, the head) is
+  /// packed in bf16, rounded as autocast rounds the weights of its bf16 products: half the bytes
+  /// to stream per token. Each product then takes its input rounded to bf16 too, as autocast's do, and sums the exact products in fp32 (matvec_rows); the norms'
   /// weights, the biases and everything between the products stay fp32 (autocast also rounds each
   /// product's output, and keeps the embeddings fp32; this does not), so the logits match the
   /// general path under autocast to bf16's precision. The KV cache is then bf16 as well, as

@@ -51,9 +51,6 @@ struct F32Panels {
   int64_t rows = 0, cols = 0;
 };
 
-/// Floats of a (rows, cols) matrix's F32Panels.
-inline int64_t panel_floats(int64_t rows, int64_t cols) { return (rows + kPanel - 1) / kPanel * kPanel * cols; }
-
 /// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 with F32Panels
 /// weights: each output summed over the columns in order (an AVX-512 multiply-add per column where
 /// the CPU has it). r0 a multiple of kPanel; r1 one too, or w.rows.
