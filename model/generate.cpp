@@ -146,47 +146,45 @@ namespace {
 // model's 70, and 27 us of the full preset's 660 (its weights, streamed for the token, have pushed
 // the kernels' code and tables out of the caches). The same steps: x / temperature; below the k-th
 // largest, zero (its ties kept); exp(x - max), over the sum.
-torch::Tensor filtered_probs_rows(const torch::Tensor& logits, const SamplingOptions& options) {
-  const int64_t V = logits.size(-1), rows = V == 0 ? 0 : logits.numel() / V;
-  auto probs = torch::empty_like(logits);
-  const float* in = logits.const_data_ptr<float>();
-  float* out = probs.data_ptr<float>();
-  thread_local std::vector<float> sorted;  // top-k's copy of a row
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = in + r * V;
-    float* p = out + r * V;
-    if (options.temperature <= 0.0) {  // greedy: all mass on the (first) argmax
-      const int64_t best = std::max_element(x, x + V) - x;
-      std::fill(p, p + V, 0.0f);
-      p[best] = 1.0f;
-      continue;
-    }
-    const float temperature = static_cast<float>(options.temperature);
-    for (int64_t i = 0; i < V; ++i) p[i] = x[i] / temperature;
-    float kth = -std::numeric_limits<float>::infinity();
-    if (options.top_k > 0 && options.top_k < V) {
-      sorted.assign(p, p + V);
-      std::nth_element(sorted.begin(), sorted.begin() + (options.top_k - 1), sorted.end(), std::greater<float>());
-      kth = sorted[options.top_k - 1];
-    }
-    const float top = *std::max_element(p, p + V);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < V; ++i) {
-      p[i] = p[i] < kth ? 0.0f : std::exp(p[i] - top);
-      sum += p[i];
-    }
-    for (int64_t i = 0; i < V; ++i) p[i] /= sum;
+void filter_row(const float* x, float* p, int64_t V, const SamplingOptions& options) {
+  if (options.temperature <= 0.0) {  // greedy: all mass on the (first) argmax
+    const int64_t best = std::max_element(x, x + V) - x;
+    std::fill(p, p + V, 0.0f);
+    p[best] = 1.0f;
+    return;
   }
-  return probs;
+  thread_local std::vector<float> sorted;  // top-k's copy of a row
+  const float temperature = static_cast<float>(options.temperature);
+  for (int64_t i = 0; i < V; ++i) p[i] = x[i] / temperature;
+  float kth = -std::numeric_limits<float>::infinity();
+  if (options.top_k > 0 && options.top_k < V) {
+    sorted.assign(p, p + V);
+    std::nth_element(sorted.begin(), sorted.begin() + (options.top_k - 1), sorted.end(), std::greater<float>());
+    kth = sorted[options.top_k - 1];
+  }
+  const float top = *std::max_element(p, p + V);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < V; ++i) {
+    p[i] = p[i] < kth ? 0.0f : std::exp(p[i] - top);
+    sum += p[i];
+  }
+  for (int64_t i = 0; i < V; ++i) p[i] /= sum;
+}
+
+bool rows_filter(const torch::Tensor& logits, const SamplingOptions& options) {
+  return logits.device().is_cpu() && logits.scalar_type() == torch::kFloat && logits.is_contiguous() &&
+         logits.dim() >= 1 && options.top_p >= 1.0;
 }
 
 }  // namespace
 
 torch::Tensor filtered_probs(const torch::Tensor& logits, const SamplingOptions& options) {
-  if (logits.device().is_cpu() && logits.scalar_type() == torch::kFloat && logits.is_contiguous() &&
-      logits.dim() >= 1 && options.top_p >= 1.0)
-    return filtered_probs_rows(logits, options);
-  return filtered_probs_tensors(logits, options);
+  if (!rows_filter(logits, options)) return filtered_probs_tensors(logits, options);
+  const int64_t V = logits.size(-1), rows = V == 0 ? 0 : logits.numel() / V;
+  auto probs = torch::empty_like(logits);
+  for (int64_t r = 0; r < rows; ++r)
+    filter_row(logits.const_data_ptr<float>() + r * V, probs.data_ptr<float>() + r * V, V, options);
+  return probs;
 }
 
 torch::Tensor filtered_probs_tensors(const torch::Tensor& logits, const SamplingOptions& options) {
@@ -343,8 +341,9 @@ std::vector<Beam> beam_search(GPT& model, const std::vector<int64_t>& prompt, in
 }
 
 struct SequenceStepper::State {
-  State(GPT& m, Quantize q) : model(m), sampling(m), quantize(q) {}
+  State(GPT& m, Quantize q) : model(m), device(m->parameters().front().device()), sampling(m), quantize(q) {}
   GPT& model;
+  torch::Device device;  // the model's (asking the module for its parameters costs microseconds a step)
   SamplingMode sampling;
   Quantize quantize;
   std::unique_ptr<Decoder> decoder;  // made at the first one-position step, when the model supports it
@@ -375,7 +374,7 @@ SequenceStepper::Step SequenceStepper::step(const std::vector<Sequence*>& batch)
   }
   c10::InferenceMode inference;
   GPT& model = state_->model;
-  const auto device = model->parameters().front().device();
+  const auto device = state_->device;
   const int64_t B = static_cast<int64_t>(batch.size()), block = model->config().block_size;
   const bool rope = model->config().pos_encoding == "rope";
   // As ContextRunner: one new position on a primed cache (or a one-token prompt) while that is what
@@ -391,6 +390,7 @@ SequenceStepper::Step SequenceStepper::step(const std::vector<Sequence*>& batch)
   }
   if (!one.empty()) prepare();
   std::vector<torch::Tensor> rows(B);  // each row's logits (V,)
+  torch::Tensor logits;                // (B, V), when the decoder gives every row
   auto last_token = [&](int64_t b) { return batch[b]->tokens.back(); };
   if (!one.empty() && state_->decoder) {
     auto tokens = torch::empty({static_cast<int64_t>(one.size())}, torch::kLong);  // (n,)
@@ -400,8 +400,9 @@ SequenceStepper::Step SequenceStepper::step(const std::vector<Sequence*>& batch)
       token[i] = last_token(one[i]);
       caches.push_back(&batch[one[i]]->cache);
     }
-    auto logits = state_->decoder->step(tokens, caches);  // (n, V)
-    for (size_t i = 0; i < one.size(); ++i) rows[one[i]] = logits[i];
+    auto decoded = state_->decoder->step(tokens, caches);  // (n, V)
+    if (prefill.empty()) logits = decoded;                 // `one` is then every row, in order
+    else for (size_t i = 0; i < one.size(); ++i) rows[one[i]] = decoded[i];
   } else {
     for (int64_t b : one)
       rows[b] = model->forward_cached(torch::tensor({last_token(b)}, torch::kLong).view({1, 1}).to(device),
@@ -414,17 +415,24 @@ SequenceStepper::Step SequenceStepper::step(const std::vector<Sequence*>& batch)
     s.cache.clear();
     rows[b] = model->forward_cached(window.view({1, -1}).to(device), s.cache)[0];  // (V,)
   }
-  auto logits = torch::stack(rows).to(torch::kCPU, torch::kFloat).contiguous();  // (B, V)
-  const float* p = logits.data_ptr<float>();
+  logits = (logits.defined() ? logits : torch::stack(rows)).to(torch::kCPU, torch::kFloat).contiguous();  // (B, V)
+  const float* p = logits.const_data_ptr<float>();
   if (!std::all_of(p, p + logits.numel(), [](float v) { return std::isfinite(v); }))
     throw std::runtime_error(
         "[sample] the model gave non-finite logits (NaN or inf): its weights are damaged or training diverged "
         "(check the run's val loss; sample an earlier checkpoint)");
   auto probs = torch::empty_like(logits);  // (B, V)
-  for (int64_t b = 0; b < B; ++b) {
+  const int64_t V = logits.size(1);
+  for (int64_t b = 0; b < B; ++b) {  // sampling's case in plain loops on the rows, as filtered_probs
     Sequence& s = *batch[b];
-    probs[b].copy_(filtered_probs(logits[b], s.options));
-    s.tokens.push_back(draw_token(probs[b], s.rng));
+    float* row = probs.data_ptr<float>() + b * V;
+    if (rows_filter(logits, s.options)) {
+      filter_row(p + b * V, row, V, s.options);
+      s.tokens.push_back(draw_from(row, V, s.rng));
+    } else {
+      probs[b].copy_(filtered_probs_tensors(logits[b], s.options));
+      s.tokens.push_back(draw_token(probs[b], s.rng));
+    }
   }
   return {logits, probs};
 }

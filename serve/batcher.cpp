@@ -19,14 +19,18 @@ using Clock = std::chrono::steady_clock;
 
 // ---- Job ----
 
-bool Job::wait_events(std::vector<ChoiceEvent>& out, std::chrono::milliseconds timeout) {
+bool Job::wait_events(std::vector<ChoiceEvent>& out, std::chrono::milliseconds timeout, Clock::time_point not_before) {
   std::vector<ChoiceEvent> pending;
   bool more;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    ready_.wait_for(lock, timeout, [&] { return !events_.empty() || open_choices_ == 0; });
+    const auto finished = [&] { return open_choices_ == 0; };
+    if (Clock::now() < not_before) ready_.wait_until(lock, not_before, finished);
+    reader_waiting_ = true;
+    ready_.wait_for(lock, timeout, [&] { return !events_.empty() || finished(); });
+    reader_waiting_ = false;
     pending.swap(events_);
-    more = !pending.empty() || open_choices_ > 0;
+    more = !finished();
   }
   out.clear();
   for (auto& e : pending) {  // one event a choice: its pending ones joined, in order
@@ -52,12 +56,16 @@ std::string Job::error() const {
 }
 
 void Job::push(ChoiceEvent event) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (event.finish) --open_choices_;
     events_.push_back(std::move(event));
+    // A reader holding its events for the stream interval wakes only for the end: waking it for
+    // every token cost the model's thread a switch to it and back on a busy machine.
+    wake = reader_waiting_ || open_choices_ == 0;
   }
-  ready_.notify_all();
+  if (wake) ready_.notify_all();
 }
 
 void Job::fail(const std::string& message) {
@@ -84,7 +92,10 @@ Batcher::Batcher(model::GPT& model, const data::Vocab& vocab, const ServerOption
                  model::Quantize quantize)
     : model_(model), vocab_(vocab), options_(options), metrics_(metrics), quantize_(quantize),
       stepper_(std::make_unique<model::SequenceStepper>(model, quantize)) {  // throws here, not in the thread
-  thread_ = std::thread([this] { loop(); });
+  std::promise<void> prepared;
+  auto ready = prepared.get_future();
+  thread_ = std::thread([this, &prepared] { loop(prepared); });
+  ready.wait();  // the decoder is packed before the server listens: its first request is not the slower
 }
 
 Batcher::~Batcher() {
@@ -210,7 +221,7 @@ void Batcher::finish(Choice& c, const std::string& reason) {
   metrics_.tokens(c.prompt_tokens, c.generated);
 }
 
-void Batcher::loop() {
+void Batcher::loop(std::promise<void>& prepared) {
   // Autocast is per thread: this one runs the model (the decoder packs its weights in bf16 under it).
   runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, options_.bf16);
   try {
@@ -218,6 +229,7 @@ void Batcher::loop() {
   } catch (const std::exception&) {
     // (out of memory for the packed copy) the steps then take the general path
   }
+  prepared.set_value();  // the constructor returns: `prepared` is gone after this
   std::vector<std::unique_ptr<Choice>> active;
   while (true) {
     Task task;

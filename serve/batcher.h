@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,9 +48,12 @@ class Job {
  public:
   /// Waits up to `timeout` for events and moves them out, each choice's pending events joined into
   /// one (its text and tokens in order, the last one's finish): a client that reads slower than the
-  /// tokens come gets fewer, longer events instead of falling behind. Returns false when every
-  /// choice has finished and nothing is left.
-  bool wait_events(std::vector<ChoiceEvent>& out, std::chrono::milliseconds timeout);
+  /// tokens come gets fewer, longer events instead of falling behind. Events are held until
+  /// `not_before` (a stream's interval between events), unless every choice has finished by then:
+  /// a request's last events go at once. Returns false when every choice has finished; the events
+  /// moved out then are the last ones.
+  bool wait_events(std::vector<ChoiceEvent>& out, std::chrono::milliseconds timeout,
+                   std::chrono::steady_clock::time_point not_before = {});
   /// The client went away: its sequences leave their slots at the next step.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
@@ -64,13 +68,15 @@ class Job {
   std::condition_variable ready_;
   std::vector<ChoiceEvent> events_;
   int64_t open_choices_ = 0;
+  bool reader_waiting_ = false;  // in wait_events, past its hold: a push wakes it
   std::string error_;
   std::atomic<bool> cancelled_{false};
 };
 
 class Batcher {
  public:
-  /// Starts the model's thread. `model` and `vocab` must outlive the batcher.
+  /// Starts the model's thread and returns once it has packed the decoder's weights (tens of
+  /// milliseconds on the full-preset model). `model` and `vocab` must outlive the batcher.
   Batcher(model::GPT& model, const data::Vocab& vocab, const ServerOptions& options, Metrics& metrics,
           model::Quantize quantize = model::Quantize::none);
   ~Batcher();  // stop() and join
@@ -100,7 +106,7 @@ class Batcher {
   using Task = std::function<void(bool abandon)>;
   void post(Task task, int64_t sequences);  // throws RequestError 503 as submit()
   void beam(const std::shared_ptr<Job>& job, const CompletionRequest& request);
-  void loop();
+  void loop(std::promise<void>& prepared);  // sets `prepared` once the decoder is packed
   void step(std::vector<std::unique_ptr<Choice>>& active, model::SequenceStepper& stepper);
   void finish(Choice& c, const std::string& reason);
 

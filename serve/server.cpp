@@ -233,7 +233,8 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     int64_t completion_tokens = 0, prompt_tokens = 0;
     for (const auto& p : request->prompts) prompt_tokens += static_cast<int64_t>(p.size()) * request->n;
     std::vector<ChoiceEvent> events;
-    while (job->wait_events(events, std::chrono::milliseconds(100))) {
+    for (bool more = true; more;) {
+      more = job->wait_events(events, std::chrono::milliseconds(100));
       for (auto& e : events) {
         texts[e.index] += e.text;
         for (auto& t : e.tokens) tokens[e.index].push_back(std::move(t));
@@ -273,10 +274,10 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
         // Events at most every --stream_interval milliseconds: tokens that come faster are joined
         // (Job::wait_events), so a fast model does not cost its client a read and a parse a token.
         const auto interval = std::chrono::duration<double, std::milli>(options.stream_interval_ms);
-        const auto since = std::chrono::steady_clock::now() - *last_write;
-        if (since < interval) std::this_thread::sleep_for(interval - since);
         std::vector<ChoiceEvent> events;
-        const bool more = job->wait_events(events, std::chrono::milliseconds(50));
+        const bool more = job->wait_events(
+            events, std::chrono::milliseconds(50),
+            *last_write + std::chrono::duration_cast<std::chrono::steady_clock::duration>(interval));
         if (!events.empty()) *last_write = std::chrono::steady_clock::now();
         for (auto& e : events) {
           std::string text = e.text;

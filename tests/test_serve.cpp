@@ -75,7 +75,7 @@ std::vector<int64_t> reference(model::GPT& m, const std::vector<int64_t>& prompt
 
 class Batching : public ::testing::TestWithParam<std::string> {};
 
-// Sequences join and leave a running batch; each one's tokens (greedy and sampled) are exactly
+// Sequences join and leave a running batch; each one's tokens (greedy, top-k and top-p) are exactly
 // those generate() draws for it alone with the same random stream: past block_size too (RoPE's
 // sliding cache; a prefill per token for learned positions).
 TEST_P(Batching, EachSequenceMatchesGenerateAloneWhateverJoinsOrLeaves) {
@@ -85,8 +85,11 @@ TEST_P(Batching, EachSequenceMatchesGenerateAloneWhateverJoinsOrLeaves) {
   model::SamplingOptions warm;
   warm.temperature = 1.0;
   warm.top_k = 5;
+  model::SamplingOptions nucleus;  // top-p: the filters' tensor path (the others take plain loops)
+  nucleus.temperature = 0.9;
+  nucleus.top_p = 0.8;
   const std::vector<std::vector<int64_t>> prompts{{1, 2, 3}, {4}, {5, 6, 7, 8, 9, 10, 11}, {12, 13}};
-  const std::vector<model::SamplingOptions> options{greedy, warm, warm, greedy};
+  const std::vector<model::SamplingOptions> options{greedy, warm, nucleus, greedy};
   const std::vector<int64_t> length{30, 12, 25, 20}, joins{0, 0, 5, 9};  // tokens each, and the step it joins at
   std::vector<std::vector<int64_t>> expected;
   for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(reference(m, prompts[i], length[i], options[i], 100 + i));
@@ -190,7 +193,7 @@ TEST(Batching, AReaderThatFallsBehindGetsOneEventAChoice) {
   const auto tokens = reference(m, request.prompts[0], 12, greedy, 1);
   const std::string expected = vocab.decode(std::vector<int64_t>(tokens.begin() + 3, tokens.end()));
   std::vector<serve::ChoiceEvent> events;
-  ASSERT_TRUE(job->wait_events(events, std::chrono::milliseconds(0)));
+  ASSERT_FALSE(job->wait_events(events, std::chrono::milliseconds(0)));  // these are the last events
   ASSERT_EQ(events.size(), 2u);
   for (const auto& e : events) {
     EXPECT_EQ(e.text, expected) << "choice " << e.index;
@@ -432,16 +435,21 @@ const std::string kPrompt = "\u5E8A\u524D\u660E\u6708\u5149";  // 床前明月�
 
 // --stream_interval joins the tokens that come faster than it: with a second between events, a
 // 30-token greedy stream of this small model (a few milliseconds of work) arrives as its first
-// event and at most two more, and is still the whole text. A negative interval is one error line.
+// event, one more with the rest and the finish, and [DONE], and is still the whole text. The end
+// does not wait out the interval: the stream is over well within the second (waiting, it would
+// take two). A negative interval is one error line.
 TEST_F(ServeHttp, TokensFasterThanTheStreamIntervalShareAnEvent) {
   ServerProcess server(dir_->path, out_dir() + " --stream_interval=1000");
   ASSERT_GT(server.port(), 0) << server.log();
   const json request{{"prompt", kPrompt}, {"max_tokens", 30}, {"temperature", 0}};
   auto plain = curl("POST", server.url("/v1/completions"), request.dump());
   ASSERT_EQ(plain.status, 200) << plain.body;
+  const auto start = std::chrono::steady_clock::now();
   const auto ev = streamed_events(server, request);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 1.0) << "the stream waited for its interval after the last token";
   ASSERT_GE(ev.size(), 2u);
-  EXPECT_LE(ev.size(), 4u);  // up to three with text, then [DONE]
+  EXPECT_LE(ev.size(), 3u);  // the first token, the rest with the finish, then [DONE]
   std::string text;
   for (size_t i = 0; i + 1 < ev.size(); ++i) text += ev[i]["choices"][0]["text"].get<std::string>();
   EXPECT_EQ(text, json::parse(plain.body)["choices"][0]["text"].get<std::string>());
