@@ -5,6 +5,7 @@
 // thread lost its core) ~4 ms.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -175,6 +176,48 @@ TEST(WorkSplit, SharesTileTheItemsInOrderInWholeUnits) {
       token(split, speeds);
     }
   }
+}
+
+// Items of unequal cost (the attention's kv heads, each costing its cache's positions) are split by
+// cost: the ranges tile the items in order, and each thread's cost is its fraction of the total
+// within one item's cost (the largest). Sorted long-first, as serving's slots often are, an equal
+// count of items would give the first of two threads most of the cost.
+TEST(WorkSplit, ItemsOfUnequalCostAreSplitByCost) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> cost(1, 300);
+  for (int team = 1; team <= 4; ++team) {
+    WorkSplit split(team);
+    for (int round = 0; round < 20; ++round) {
+      for (int64_t n : {1, 2, 7, 96}) {
+        std::vector<double> costs(n), ends(n);
+        for (auto& c : costs) c = cost(rng);
+        if (round % 2) std::sort(costs.rbegin(), costs.rend());
+        for (int64_t i = 0; i < n; ++i) ends[i] = (i ? ends[i - 1] : 0.0) + costs[i];
+        const double largest = *std::max_element(costs.begin(), costs.end());
+        int64_t next = 0;
+        for (int t = 0; t < team; ++t) {
+          const auto [begin, end] = split.share_costs(ends, t);
+          const auto [b2, e2] = WorkSplit::equal_share_costs(ends, t, team);
+          EXPECT_EQ(begin, next) << team << " threads, n " << n << ", thread " << t;
+          EXPECT_LE(begin, end);
+          EXPECT_LE(b2, e2);
+          const double mine = (end > 0 ? ends[end - 1] : 0.0) - (begin > 0 ? ends[begin - 1] : 0.0);
+          EXPECT_NEAR(mine, split.fraction(t) * ends.back(), largest) << team << " threads, n " << n << ", thread " << t;
+          next = end;
+        }
+        EXPECT_EQ(next, n) << team << " threads, n " << n;
+      }
+      std::vector<double> speeds(team);
+      for (auto& s : speeds) s = std::uniform_real_distribution<double>(0.2, 5.0)(rng);
+      token(split, speeds);
+    }
+  }
+  // Long caches first: an even count of 8 items gives the first of two threads 4 x 200 of 1,000;
+  // by cost it gets 2 or 3 of them.
+  const std::vector<double> ends{200, 400, 600, 800, 850, 900, 950, 1000};
+  const auto [begin, end] = WorkSplit::equal_share_costs(ends, 0, 2);
+  EXPECT_EQ(begin, 0);
+  EXPECT_LE(end, 3);
 }
 
 TEST(WorkSplit, ASlowerThreadGetsFewerRowsUntilTheBusyTimesMatch) {

@@ -1307,6 +1307,13 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
       v_cache[i * rows + r] = cache.v[i].data_ptr();
     }
   }
+  // The attention's items (each row's kv heads) cost about their cached positions each: the threads
+  // split them by that. Serving, rows sit at any position, and the older sequences come first, so an
+  // even count of items gave the first thread the longer caches, and the other waited for it.
+  attention_ends_.resize(B * nkv_);
+  for (int64_t g = 0; g < B * nkv_; ++g)
+    attention_ends_[g] = (g > 0 ? attention_ends_[g - 1] : 0.0) +
+                         static_cast<double>(std::min(positions[own ? g / nkv_ : 0] + 1, block) + 16);
   auto logits = torch::empty({B, V}, torch::kFloat);  // (B, V)
   float* out = logits.data_ptr<float>();
   const float cap = static_cast<float>(config_.logit_softcap);
@@ -1345,7 +1352,8 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
     const auto [c0, c1] = share(C, unit_);
     const auto [h0, h1] = share(H, unit_);
     const auto [v0, v1] = share(V, kRowBlock);
-    const auto [g0, g1] = share(B * nkv_, 1);
+    const auto [g0, g1] = measured ? split_.share_costs(attention_ends_, tid)
+                                   : WorkSplit::equal_share_costs(attention_ends_, tid, team);
     for (int64_t i = 0; i < config_.n_layer; ++i) {
       const Layer& l = layers_[i];
       // x + attn(ln_1(x))

@@ -151,6 +151,7 @@ class Decoder {
   WorkSplit split_;            // each thread's share of the rows, by measured speed
   TeamBarrier barrier_;        // the token's barriers, on a team of all threads
   std::vector<double> busy_;  // each thread's working seconds in the last token
+  std::vector<double> attention_ends_;  // the attention items' cumulative costs (WorkSplit::share_costs)
 };
 
 }  // namespace nanogpt::model

@@ -63,6 +63,24 @@ std::pair<int64_t, int64_t> WorkSplit::range(int64_t n, int64_t unit, double lo,
   return {at(lo), at(hi)};
 }
 
+std::pair<int64_t, int64_t> WorkSplit::cost_range(const std::vector<double>& ends, double lo, double hi) {
+  const int64_t n = static_cast<int64_t>(ends.size());
+  if (n == 0) return {0, 0};
+  const double total = ends.back();
+  const auto first_from = [&](double f) {  // the first item whose middle is at or past f of the total
+    if (f >= 1.0 - 1e-9) return n;
+    int64_t a = 0, b = n;
+    while (a < b) {
+      const int64_t m = (a + b) / 2;
+      const double middle = ends[m] - 0.5 * (ends[m] - (m > 0 ? ends[m - 1] : 0.0));
+      if (middle >= f * total) b = m;
+      else a = m + 1;
+    }
+    return a;
+  };
+  return {lo <= 0.0 ? 0 : first_from(lo), first_from(hi)};
+}
+
 void WorkSplit::update(const double* busy) {
   const int n = team();
   if (n < 2) return;

@@ -92,6 +92,17 @@ class WorkSplit {
     return range(n, unit, static_cast<double>(tid) / team, static_cast<double>(tid + 1) / team);
   }
 
+  /// Thread `tid`'s items [begin, end) of items whose costs add up to `ends` (ends[i]: the cost of
+  /// items 0 .. i), so that each thread's share of the cost follows its fraction: an item goes to
+  /// the thread whose range holds the middle of its cost. The threads' ranges tile the items in order.
+  std::pair<int64_t, int64_t> share_costs(const std::vector<double>& ends, int tid) const {
+    return cost_range(ends, bounds_[tid], bounds_[tid + 1]);
+  }
+  /// The same for an equal split of `team` threads, without a WorkSplit.
+  static std::pair<int64_t, int64_t> equal_share_costs(const std::vector<double>& ends, int tid, int team) {
+    return cost_range(ends, static_cast<double>(tid) / team, static_cast<double>(tid + 1) / team);
+  }
+
   /// Thread t's fraction of the rows.
   double fraction(int t) const { return bounds_[t + 1] - bounds_[t]; }
 
@@ -101,6 +112,8 @@ class WorkSplit {
  private:
   /// The items [begin, end) of n, in whole units, between the cumulative fractions lo and hi.
   static std::pair<int64_t, int64_t> range(int64_t n, int64_t unit, double lo, double hi);
+  /// The items whose costs' middles lie in [lo, hi) of the total (the last range ends at the last item).
+  static std::pair<int64_t, int64_t> cost_range(const std::vector<double>& ends, double lo, double hi);
 
   std::vector<double> bounds_;  // team + 1 cumulative fractions: 0, ..., 1
 };
