@@ -12,13 +12,15 @@ For each number of clients, every client sends its requests one after another (s
 temperature 0.8, max_tokens fixed) and the script prints the aggregate generated tokens/s, time to
 first token (TTFT), the time between events a client receives (ITL: events that arrive in one read
 count as 0) and the time per output token of a request after its first (TPOT: (last - first
-arrival) / (tokens - 1)), at p50 and p99. Standard library only (http.client), so it measures the
-server, not a client library.
+arrival) / (tokens - 1)), at p50 and p99. Standard library only: the clients share one thread and a
+selector over their sockets (HTTP/1.1, chunked, server-sent events parsed here), so that on a small
+machine they take little of the cores the server runs on, and no client library is measured.
 """
 import argparse
-import http.client
 import json
 import re
+import selectors
+import socket
 import subprocess
 import sys
 import threading
@@ -33,61 +35,106 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
-def one_request(host, port, prompt, tokens, seed, key):
-    conn = http.client.HTTPConnection(host, port, timeout=600)
-    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "stream": True, "temperature": 0.8, "seed": seed})
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = "Bearer " + key
-    start = time.perf_counter()
-    conn.request("POST", "/v1/completions", body=body, headers=headers)
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-    arrivals, count = [], 0
-    buffer = b""
-    while True:
-        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
-        if not chunk:
-            break
-        buffer += chunk
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
+class Stream:
+    """One streamed completion on a non-blocking socket: HTTP/1.1, chunked transfer, server-sent events."""
+
+    def __init__(self, host, port, prompt, tokens, seed, key):
+        body = json.dumps({"prompt": prompt, "max_tokens": tokens, "stream": True, "temperature": 0.8,
+                           "seed": seed}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n")
+        if key:
+            head += f"Authorization: Bearer {key}\r\n"
+        self.start = time.perf_counter()
+        self.sock = socket.create_connection((host, port), timeout=600)
+        self.sock.sendall(head.encode() + b"\r\n" + body)
+        self.sock.setblocking(False)
+        self.raw = b""        # bytes received, not yet parsed
+        self.status = None    # the response's status code, once its head has come
+        self.events = b""     # the body, de-chunked, not yet split into events
+        self.arrivals, self.count = [], 0
+        self.done, self.error = False, None
+
+    def feed(self, now):
+        """Reads what the socket has; returns False once the stream has ended (or failed)."""
+        try:
+            data = self.sock.recv(65536)
+        except BlockingIOError:
+            return True
+        if not data:  # closed before [DONE]
+            self.error = self.error or (f"HTTP {self.status}: {self.raw[:200]!r}" if self.status != 200
+                                        else "the stream ended before data: [DONE]")
+            return False
+        self.raw += data
+        if self.status is None:
+            end = self.raw.find(b"\r\n\r\n")
+            if end < 0:
+                return True
+            self.status = int(self.raw.split(b" ", 2)[1])
+            self.raw = self.raw[end + 4:]
+            if self.status != 200:
+                return True  # read the error body until the server closes
+        if self.status != 200:
+            return True
+        while True:  # chunks: size in hex, CRLF, data, CRLF
+            line_end = self.raw.find(b"\r\n")
+            if line_end < 0:
+                break
+            size = int(self.raw[:line_end].split(b";")[0], 16)
+            if len(self.raw) < line_end + 2 + size + 2:
+                break
+            self.events += self.raw[line_end + 2:line_end + 2 + size]
+            self.raw = self.raw[line_end + 2 + size + 2:]
+        while b"\n\n" in self.events:
+            event, self.events = self.events.split(b"\n\n", 1)
             if not event.startswith(b"data: "):
                 continue
             data = event[6:]
             if data == b"[DONE]":
-                conn.close()
-                return start, arrivals, count
+                self.done = True
+                return False
             n = len(json.loads(data)["choices"][0]["text"])
             if n:
-                arrivals.append(time.perf_counter())
-                count += n
-    conn.close()
-    return start, arrivals, count
+                self.arrivals.append(now)
+                self.count += n
+        return True
 
 
 def run(url, clients, tokens, per_client, key):
+    """`clients` clients on one thread (one selector over their sockets, so that the clients' own
+    work is a small part of the machine's), each sending its requests one after another."""
     parsed = urllib.parse.urlparse(url)
+    host, port = parsed.hostname, parsed.port or 80
     results, errors = [], []
-    lock = threading.Lock()
+    selector = selectors.DefaultSelector()
+    left = {i: per_client for i in range(clients)}
 
-    def client(i):
-        for r in range(per_client):
-            try:
-                out = one_request(parsed.hostname, parsed.port or 80, "\n", tokens, i * 1000 + r, key)
-                with lock:
-                    results.append(out)
-            except Exception as e:  # noqa: BLE001 - reported below
-                with lock:
-                    errors.append(str(e))
+    def start(i):
+        left[i] -= 1
+        try:
+            stream = Stream(host, port, "\n", tokens, i * 1000 + (per_client - left[i] - 1), key)
+        except OSError as e:
+            errors.append(str(e))
+            return start(i) if left[i] > 0 else None
+        selector.register(stream.sock, selectors.EVENT_READ, (i, stream))
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for i in range(clients):
+        start(i)
+    while selector.get_map():
+        for key_, _ in selector.select():
+            now = time.perf_counter()
+            i, stream = key_.data
+            if stream.feed(now):
+                continue
+            selector.unregister(stream.sock)
+            stream.sock.close()
+            if stream.done:
+                results.append((stream.start, stream.arrivals, stream.count))
+            else:
+                errors.append(stream.error)
+            if left[i] > 0:
+                start(i)
     wall = time.perf_counter() - t0
     for e in sorted(set(errors))[:3]:
         print(f"  error with {clients} clients: {e}", file=sys.stderr)
