@@ -9,8 +9,8 @@ Usage: scripts/serve_bench.py URL [--clients 1,4,16,64] [--tokens 200] [--reques
     `nanogpt sample` on it with the same threads, dtype and knobs; prints the goals' ratios (one
     client against `sample`, 16 clients against one) for each repetition.
 For each number of clients, every client sends its requests one after another (streamed,
-temperature 0.8, max_tokens fixed) and the script prints the aggregate generated tokens/s, time to
-first token (TTFT), the time between events a client receives (ITL: events that arrive in one read
+temperature 0.8, max_tokens fixed) and the script prints the tokens generated (the streamed text's
+characters, a character-level model's tokens), the aggregate tokens/s, time to first token (TTFT), the time between events a client receives (ITL: events that arrive in one read
 count as 0) and the time per output token of a request after its first (TPOT: (last - first
 arrival) / (tokens - 1)), at p50 and p99. Standard library only: the clients share one thread and a
 selector over their sockets (HTTP/1.1, chunked, server-sent events parsed here), so that on a small
@@ -146,6 +146,7 @@ def run(url, clients, tokens, per_client, key):
         "clients": clients,
         "requests": len(results),
         "errors": len(errors),
+        "tokens": generated,
         "tok_s": generated / wall,
         "ttft_p50_ms": 1000 * percentile(ttft, 50),
         "ttft_p99_ms": 1000 * percentile(ttft, 99),
@@ -156,12 +157,12 @@ def run(url, clients, tokens, per_client, key):
     }
 
 
-HEADER = ("| clients | requests | errors | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
-          "| TPOT p50 ms | TPOT p99 ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+HEADER = ("| clients | requests | errors | tokens | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
+          "| ITL p99 ms | TPOT p50 ms | TPOT p99 ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def row(r):
-    return (f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['tok_s']:.0f} | {r['ttft_p50_ms']:.1f} | "
+    return (f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['tokens']} | {r['tok_s']:.0f} | {r['ttft_p50_ms']:.1f} | "
             f"{r['ttft_p99_ms']:.1f} | {r['itl_p50_ms']:.2f} | {r['itl_p99_ms']:.2f} | {r['tpot_p50_ms']:.2f} | "
             f"{r['tpot_p99_ms']:.2f} |")
 

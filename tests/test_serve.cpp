@@ -784,6 +784,27 @@ TEST_F(ServeHttp, ShortLoadLeaksNoSlotThreadOrDescriptor) {
   EXPECT_NE(out.find("\"hangup:ok\""), std::string::npos) << out;
 }
 
+// scripts/serve_bench.py parses the streams itself (chunked transfer, server-sent events): against a
+// running server, every request of 1 and of 3 clients is counted, with all its tokens (this model's
+// tokens are characters, and a stream without a stop string runs to max_tokens).
+TEST_F(ServeHttp, TheBenchmarkScriptCountsEveryStreamedToken) {
+  const std::string python = std::string(NANOGPT_PYTHON).empty() ? "python3" : NANOGPT_PYTHON;
+  if (shell(python + " -c 'import json' >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python to run scripts/serve_bench.py";
+  ServerProcess server(dir_->path, out_dir());
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::string cmd = python + " " + NANOGPT_SOURCE_DIR + "/scripts/serve_bench.py " + server.url("") +
+                          " --clients 1,3 --tokens 25 --requests-per-client 2 >" + path("bench.out") + " 2>&1";
+  const int rc = shell(cmd);
+  const std::string out = read_text(path("bench.out"));
+  ASSERT_EQ(rc, 0) << out;
+  for (const int clients : {1, 3}) {
+    const std::string row = "| " + std::to_string(clients) + " | " + std::to_string(2 * clients) + " | 0 | " +
+                            std::to_string(2 * clients * 25) + " | ";
+    EXPECT_NE(out.find(row), std::string::npos) << "no row starting " << row << " in\n" << out;
+  }
+  EXPECT_EQ(server.terminate(20), 0) << server.log();
+}
+
 // SIGTERM: the stream in flight gets a final event and [DONE], new requests are refused, exit 0.
 TEST_F(ServeHttp, SigtermEndsStreamsWithAFinalEventAndExitsZero) {
   ServerProcess server(dir_->path, out_dir() + " --max_tokens=100000000");
