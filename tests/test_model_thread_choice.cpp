@@ -62,21 +62,46 @@ TEST(ThreadChoice, AQuietMachineKeepsTheThreadsBetweenPeriodicTrials) {
   EXPECT_EQ(r.threaded_in(0, n), n - r.trials * ThreadChoice::kTrial / 2);       // one thread only in trials
 }
 
-TEST(ThreadChoice, AShortSlowdownOfBothWaysCostsOneShortWait) {
+TEST(ThreadChoice, AShortSlowdownOfBothWaysKeepsTheThreads) {
   // Tokens 800-900 are 2.2x slower either way (another tenant streaming through the shared cache):
-  // the threads' running mean passes the one-thread token of the first trial and one thread takes
-  // over, but only for kFirstWait tokens: the next trial finds the threads faster again. (It used to
-  // keep one thread to the end of the period, token 2048.)
+  // the threads' running mean passes the one-thread token of the first trial, but for 40 ms of
+  // tokens, less than kPersist: the threads stay (they are still the faster way).
   const auto machine = [](int64_t i, bool threaded) {
     const double slow = i >= 800 && i < 900 ? 2.2 : 1.0;
     return slow * (threaded ? kThreads : kOne);
   };
   const Decoding r = run(machine, 2000);
+  EXPECT_EQ(r.trials, 1);
+  EXPECT_EQ(r.threaded_in(ThreadChoice::kTrial, 2000), 2000 - ThreadChoice::kTrial);
+}
+
+TEST(ThreadChoice, ALongSlowdownOfBothWaysCostsOneShortWait) {
+  // The same for tokens 800-1300 (200 ms): one thread takes over once the mean has been past the
+  // mark for kPersist seconds, but only for kFirstWait tokens: the next trial finds the threads
+  // faster. (It used to keep one thread to the end of the period, token 2048.)
+  const auto machine = [](int64_t i, bool threaded) {
+    const double slow = i >= 800 && i < 1300 ? 2.2 : 1.0;
+    return slow * (threaded ? kThreads : kOne);
+  };
+  const Decoding r = run(machine, 2000);
   EXPECT_EQ(r.trials, 2);  // the first, and one after the wait
-  // The mean of 2.2x-slower threads passes 1.1x the one-thread token in 18 tokens.
-  const int64_t back = 800 + 20 + ThreadChoice::kFirstWait + ThreadChoice::kTrial;
+  // The mean of 2.2x-slower threads passes 1.1x the one-thread token in 18 tokens, then kPersist.
+  const int64_t back = 800 + 20 + static_cast<int64_t>(ThreadChoice::kPersist / (2.2 * kThreads)) + 1 +
+                       ThreadChoice::kFirstWait + ThreadChoice::kTrial;
   EXPECT_EQ(r.threaded_in(back, 2000), 2000 - back);
   EXPECT_GE(r.threaded_in(0, 2000), 2000 - ThreadChoice::kFirstWait - 2 * ThreadChoice::kTrial / 2);
+}
+
+TEST(ThreadChoice, AHiccupRightAfterATrialKeepsTheThreads) {
+  // Right after the first trial, 8 threaded tokens stall (32 ms: the machine paused, as once at a
+  // server's start). The old switch fired at once and kept one thread, 1.8x slower, for 256
+  // tokens; the threads now stay.
+  const auto machine = [](int64_t i, bool threaded) {
+    return threaded ? (i >= 20 && i < 28 ? kStalled : kThreads) : kOne;
+  };
+  const Decoding r = run(machine, 1000);
+  EXPECT_EQ(r.trials, 1);
+  EXPECT_EQ(r.threaded_in(ThreadChoice::kTrial, 1000), 1000 - ThreadChoice::kTrial);
 }
 
 TEST(ThreadChoice, AnotherProgramOnTheOtherCoreMovesToOneThreadWithinAFewTokens) {
@@ -85,7 +110,7 @@ TEST(ThreadChoice, AnotherProgramOnTheOtherCoreMovesToOneThreadWithinAFewTokens)
   const Decoding r = run(machine, 2000);
   int64_t switched = 500;
   while (switched < 2000 && r.threaded[switched]) ++switched;
-  EXPECT_LE(switched - 500, 10);
+  EXPECT_LE(switched - 500, 10 + static_cast<int64_t>(ThreadChoice::kPersist / kStalled) + 1);  // kPersist: 13 tokens
   // After the switch only the later trials run on the threads, half their tokens each.
   EXPECT_EQ(r.threaded_in(switched, 2000), (r.trials - 1) * ThreadChoice::kTrial / 2);
   EXPECT_EQ(r.trials, 3);  // after waits of 256 and 512 tokens; the next, after 1,024, is past the end
@@ -113,7 +138,7 @@ TEST(ThreadChoice, ABusyMachineIsCheckedLessAndLessOften) {
 TEST(ThreadChoice, ALuckyTrialCostsAFewStalledTokens) {
   // The threads stall on every token but one of each trial's counted ones (the other core's
   // program happened to sleep): the trial keeps the threads, the running mean switches to one
-  // thread within a few tokens, and the waits still double, so the lucky trials stay few.
+  // thread within a few tokens and kPersist, and the waits still double, so the lucky trials stay few.
   const int64_t n = 20000;
   int64_t threaded_tokens = 0;
   const auto machine = [&](int64_t, bool threaded) {
@@ -124,7 +149,8 @@ TEST(ThreadChoice, ALuckyTrialCostsAFewStalledTokens) {
   EXPECT_LE(r.trials, 1 + static_cast<int64_t>(std::log2(static_cast<double>(ThreadChoice::kPeriod) /
                                                          ThreadChoice::kFirstWait)) +
                           n / ThreadChoice::kPeriod);
-  EXPECT_LE(r.threaded_in(0, n), r.trials * (ThreadChoice::kTrial / 2 + 10));  // each switch within 10
+  const int64_t switch_within = 10 + static_cast<int64_t>(ThreadChoice::kPersist / kStalled) + 1;
+  EXPECT_LE(r.threaded_in(0, n), r.trials * (ThreadChoice::kTrial / 2 + switch_within));
 }
 
 TEST(ThreadChoice, TheThreadsComeBackWhenTheMachineQuietens) {

@@ -18,6 +18,7 @@ bool ThreadChoice::use_threads() const {
 
 void ThreadChoice::keep_one_thread() {
   parallel_ = false;
+  slow_seconds_ = 0.0;
   trial_at_ = steps_ + wait_;
   wait_ = std::min(2 * wait_, kPeriod);
 }
@@ -35,6 +36,7 @@ void ThreadChoice::record(bool threaded, double seconds) {
       serial_best_ = trial_best_[0];
       parallel_mean_ = trial_best_[1];
       trial_best_[0] = trial_best_[1] = kInf;
+      slow_seconds_ = 0.0;
       if (parallel_mean_ < serial_best_) {
         parallel_ = true;
         trial_at_ += kPeriod;
@@ -44,11 +46,12 @@ void ThreadChoice::record(bool threaded, double seconds) {
     }
   } else if (threaded) {
     // A token counts at most twice the one-thread time: a single stall (a time slice lost, the
-    // other thread woken late) does not switch, while a machine that slows every token does within
-    // a few. The 10% margin leaves room for the attention's cost growing with the position since
-    // the trial.
+    // other thread woken late) does not switch, while a machine that slows every token does, once
+    // it has for kPersist seconds (a hiccup ends sooner). The 10% margin leaves room for the
+    // attention's cost growing with the position since the trial.
     parallel_mean_ = 0.9 * parallel_mean_ + 0.1 * std::min(seconds, 2.0 * serial_best_);
-    if (parallel_mean_ > 1.1 * serial_best_) keep_one_thread();
+    if (parallel_mean_ <= 1.1 * serial_best_) slow_seconds_ = 0.0;
+    else if ((slow_seconds_ += seconds) >= kPersist) keep_one_thread();
   }
 }
 

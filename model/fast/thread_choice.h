@@ -9,7 +9,10 @@
 //    token of a pair counts (the first pays for the switch), and the way with the faster counted
 //    token is kept. The first trial starts at the first token.
 //  - While the threads are kept, a running mean of their time per token that grows more than 10%
-//    past the trial's one-thread token switches to one thread at once.
+//    past the trial's one-thread token, and stays there for kPersist seconds of tokens, switches to
+//    one thread. A hiccup (a page-reclaim pass, another tenant's burst) is shorter: right after a
+//    server's first trial, one such made its threaded tokens ~2x slower for a few milliseconds and
+//    the switch (then at once) kept one thread, 1.7x slower, for 256 tokens in 1 of 5 starts.
 //  - With the threads kept, the next trial starts kPeriod tokens after the last one. With one
 //    thread kept (by a trial or by the switch), it starts after a wait of kFirstWait tokens that
 //    doubles with every such choice, up to kPeriod, and starts from kFirstWait again once a trial
@@ -38,6 +41,7 @@ class ThreadChoice {
   static constexpr int64_t kTrial = 16;       // tokens a trial: short, since a lost one costs a few stalls
   static constexpr int64_t kPeriod = 2048;    // tokens from one trial to the next while the threads are kept
   static constexpr int64_t kFirstWait = 256;  // tokens on one thread before the next trial, at first
+  static constexpr double kPersist = 0.05;    // seconds of tokens the threads' mean stays too slow before the switch
 
   /// Whether the next token should run on all threads.
   bool use_threads() const;
@@ -60,6 +64,7 @@ class ThreadChoice {
   double trial_best_[2] = {kInf, kInf};  // [one thread, all threads]: the fastest counted token of this trial
   double serial_best_ = 0.0;             // seconds of the fastest one-thread token at the last trial
   double parallel_mean_ = 0.0;           // running mean of seconds per token on all threads since then
+  double slow_seconds_ = 0.0;            // seconds of the tokens since the mean went past the switch's mark
 };
 
 /// How the decoder's products split their rows between the threads of a team: by measured speed.
