@@ -804,10 +804,14 @@ struct Prefetch {
   const char* end = nullptr;
 };
 
+// Bytes a panel of w.
+inline int64_t panel_bytes(const F32Panels& w) { return kPanel * w.cols * 4; }
+inline int64_t panel_bytes(const Bf16Panels& w) { return kPanel * 2 * bf16_panel_pairs(w.cols) * 2; }
+
 // The panels [p_begin, p_end) against rows b .. b + N - 1 of x, P panels a pass, then one.
-template <template <int, int> class Block, int P, int N>
-inline __attribute__((always_inline)) void panel_rows(const F32Panels& w, int64_t p_begin, int64_t p_end,
-                                                      const float* __restrict x, int64_t x_stride, int64_t r1,
+template <template <int, int> class Block, int P, int N, typename W, typename X>
+inline __attribute__((always_inline)) void panel_rows(const W& w, int64_t p_begin, int64_t p_end,
+                                                      const X* __restrict x, int64_t x_stride, int64_t r1,
                                                       float* __restrict y, int64_t y_stride, bool accumulate,
                                                       Prefetch& pf) {
   int64_t p = p_begin;
@@ -817,8 +821,8 @@ inline __attribute__((always_inline)) void panel_rows(const F32Panels& w, int64_
 
 // Every panel of [r0, r1) against every row of x, P panels and N rows of x a pass (N: 8, then 4,
 // then 1; P as many as the registers hold), through Block<P, N>::run.
-template <template <int, int> class Block>
-inline __attribute__((always_inline)) void panel_passes(const F32Panels& w, const float* __restrict x,
+template <template <int, int> class Block, typename W, typename X>
+inline __attribute__((always_inline)) void panel_passes(const W& w, const X* __restrict x,
                                                         int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
                                                         float* __restrict y, int64_t y_stride, bool accumulate) {
   const int64_t p_begin = r0 / kPanel, p_end = (r1 + kPanel - 1) / kPanel;
@@ -828,14 +832,14 @@ inline __attribute__((always_inline)) void panel_passes(const F32Panels& w, cons
   // for memory, and the others left it idle. 16 rows, the full preset's block matrices, one
   // thread: 3.06-3.35 against 3.17-4.88 ms over 6 alternating runs; a decoder step of 16 rows on
   // two threads 4.26-4.85 against 4.73-5.19 ms (the mean of 100).
-  const int64_t slice = B >= 8 ? std::max<int64_t>(3, (int64_t{1} << 19) / (kPanel * w.cols * 4) / 3 * 3) : p_end;
-  const int64_t panel_bytes = kPanel * w.cols * 4;
+  const int64_t bytes = panel_bytes(w);
+  const int64_t slice = B >= 8 ? std::max<int64_t>(3, (int64_t{1} << 19) / bytes / 3 * 3) : p_end;
   for (int64_t s0 = p_begin; s0 < p_end; s0 += slice) {
     const int64_t s1 = std::min(p_end, s0 + slice);
     Prefetch pf;
     if (s1 < p_end && B > 8) {  // more than one pass over this slice
-      pf.next = reinterpret_cast<const char*>(w.data) + s1 * panel_bytes;
-      pf.end = reinterpret_cast<const char*>(w.data) + std::min(p_end, s1 + slice) * panel_bytes;
+      pf.next = reinterpret_cast<const char*>(w.data) + s1 * bytes;
+      pf.end = reinterpret_cast<const char*>(w.data) + std::min(p_end, s1 + slice) * bytes;
     }
     int64_t b = 0;
     for (; b + 8 <= B; b += 8)
@@ -870,6 +874,31 @@ NANOGPT_KERNEL(NANOGPT_FMA_ONLY_CLONES, void, matvec_panels_portable, (const F32
 })
 
 #if NANOGPT_X86_INTRINSICS
+// Panels p0 .. p0 + P - 1's accumulators (a lane a row, one register for each row of x) into y
+// (or added to it), the rows below r1.
+template <int P, int N>
+__attribute__((target("avx512f"), always_inline)) inline void store_panels(const __m512 (&acc)[P][N], int64_t p0,
+                                                                          int64_t r1, float* y, int64_t y_stride,
+                                                                          bool accumulate) {
+  for (int p = 0; p < P; ++p) {
+    const int64_t row0 = (p0 + p) * kPanel;
+    if (row0 >= r1) break;
+    const __mmask16 mask = r1 - row0 >= kPanel ? __mmask16(0xFFFF) : __mmask16((1u << (r1 - row0)) - 1);
+    for (int n = 0; n < N; ++n) {
+      float* out = y + n * y_stride + row0;
+      const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), acc[p][n]) : acc[p][n];
+      _mm512_mask_storeu_ps(out, mask, v);
+    }
+  }
+}
+
+// Column step k of a pass: lines 2k and 2k + 1 of the next slice into L2, while below `fetch`.
+__attribute__((always_inline)) inline void fetch_two(const Prefetch& pf, int64_t k, int64_t fetch) {
+  if (2 * k >= fetch) return;
+  _mm_prefetch(pf.next + 2 * k * 64, _MM_HINT_T1);
+  _mm_prefetch(pf.next + 2 * k * 64 + 64, _MM_HINT_T1);
+}
+
 template <int P, int N>
 struct Avx512Panels {
   __attribute__((target("avx512f"))) static void run(const F32Panels& w, int64_t p0,
@@ -887,26 +916,14 @@ struct Avx512Panels {
     for (int64_t k = 0; k < cols; ++k) {
       __m512 wv[P];
       for (int p = 0; p < P; ++p) wv[p] = _mm512_loadu_ps(wp + (p * cols + k) * kPanel);
-      if (2 * k < fetch) {
-        _mm_prefetch(pf.next + 2 * k * 64, _MM_HINT_T1);
-        _mm_prefetch(pf.next + 2 * k * 64 + 64, _MM_HINT_T1);
-      }
+      fetch_two(pf, k, fetch);
       for (int n = 0; n < N; ++n) {
         const __m512 xv = _mm512_set1_ps(x[n * x_stride + k]);
         for (int p = 0; p < P; ++p) acc[p][n] = _mm512_fmadd_ps(wv[p], xv, acc[p][n]);
       }
     }
     pf.next += fetch * 64;
-    for (int p = 0; p < P; ++p) {
-      const int64_t row0 = (p0 + p) * kPanel;
-      if (row0 >= r1) break;
-      const __mmask16 mask = r1 - row0 >= kPanel ? __mmask16(0xFFFF) : __mmask16((1u << (r1 - row0)) - 1);
-      for (int n = 0; n < N; ++n) {
-        float* out = y + n * y_stride + row0;
-        const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), acc[p][n]) : acc[p][n];
-        _mm512_mask_storeu_ps(out, mask, v);
-      }
-    }
+    store_panels(acc, p0, r1, y, y_stride, accumulate);
   }
 };
 
@@ -916,9 +933,82 @@ __attribute__((target("avx512f"), flatten)) void matvec_panels_avx512(const F32P
                                                                       bool accumulate) {
   panel_passes<Avx512Panels>(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
 }
+
+// Bf16Panels (x in bf16, each row's pairs side by side, x_stride even): P panels against N rows of
+// x, one VDPBF16PS a pair of columns, the pair of x broadcast to every lane.
+template <int P, int N>
+struct Avx512Bf16Panels {
+  __attribute__((target("avx512f,avx512bf16"))) static void run(const Bf16Panels& w, int64_t p0, const uint16_t* x,
+                                                                int64_t x_stride, int64_t r1, float* y,
+                                                                int64_t y_stride, bool accumulate, Prefetch& pf) {
+    const int64_t npairs = bf16_panel_pairs(w.cols);
+    const uint16_t* wp = w.data + p0 * kPanel * 2 * npairs;
+    __m512 acc[P][N];
+    for (int p = 0; p < P; ++p)
+      for (int n = 0; n < N; ++n) acc[p][n] = _mm512_setzero_ps();
+    const int64_t fetch = pf.next < pf.end ? std::min<int64_t>(2 * npairs, (pf.end - pf.next) / 64) : 0;
+    for (int64_t c = 0; c < npairs; ++c) {
+      __m512bh wv[P];
+      for (int p = 0; p < P; ++p) wv[p] = pairs(wp + (p * npairs + c) * 2 * kPanel);
+      fetch_two(pf, c, fetch);
+      for (int n = 0; n < N; ++n) {
+        int32_t two;
+        std::memcpy(&two, x + n * x_stride + 2 * c, sizeof two);
+        const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(two));
+        for (int p = 0; p < P; ++p) acc[p][n] = _mm512_dpbf16_ps(acc[p][n], wv[p], xv);
+      }
+    }
+    pf.next += fetch * 64;
+    store_panels(acc, p0, r1, y, y_stride, accumulate);
+  }
+};
+
+__attribute__((target("avx512f,avx512bf16"), flatten)) void matvec_bf16_panels_avx512(
+    const Bf16Panels& w, const uint16_t* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
+    float* __restrict y, int64_t y_stride, bool accumulate) {
+  panel_passes<Avx512Bf16Panels>(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+}
 #endif
 
 }  // namespace
+
+bool bf16_panels_supported() {
+#if NANOGPT_X86_INTRINSICS
+  return avx512_bf16_kernels();
+#else
+  return false;
+#endif
+}
+
+void matvec_rows(const Bf16Panels& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
+                 float* __restrict y, int64_t y_stride, bool accumulate) {
+  const int64_t npairs = bf16_panel_pairs(w.cols), stride = 2 * npairs;
+  thread_local AlignedVector<uint16_t> rounded;  // each thread's x in bf16, its rows padded to whole pairs
+  rounded.resize(B * stride);
+  for (int64_t b = 0; b < B; ++b) {
+    round_rows_to_bf16(x + b * x_stride, x_stride, 1, w.cols, rounded.data() + b * stride);
+    if (stride > w.cols) rounded[b * stride + w.cols] = 0;
+  }
+#if NANOGPT_X86_INTRINSICS
+  if (avx512_bf16_kernels())
+    return matvec_bf16_panels_avx512(w, rounded.data(), stride, B, r0, r1, y, y_stride, accumulate);
+#endif
+  // (The decoder packs Bf16Panels only where the kernel above runs: bf16_panels_supported.) As it:
+  // each pair's odd column's product, then its even one's, added in fp32.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint16_t* panel = w.data + r / kPanel * kPanel * stride;
+      const uint16_t* xb = rounded.data() + b * stride;
+      float sum = 0.0f;
+      for (int64_t c = 0; c < npairs; ++c) {
+        const uint16_t* pair = panel + (c * kPanel + r % kPanel) * 2;
+        sum += bf16_bits_to_float(pair[1]) * bf16_bits_to_float(xb[2 * c + 1]);
+        sum += bf16_bits_to_float(pair[0]) * bf16_bits_to_float(xb[2 * c]);
+      }
+      float& out = y[b * y_stride + r];
+      out = accumulate ? out + sum : sum;
+    }
+}
 
 void matvec_rows(const F32Panels& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
                  float* __restrict y, int64_t y_stride, bool accumulate) {
@@ -999,9 +1089,9 @@ Decoder::Decoder(GPTImpl& model, Quantize quantize)
       bf16_(at::autocast::is_autocast_enabled(at::kCPU)),
       quantize_(quantize),
       kv_int8_(quantize != Quantize::none && int8_kv_supported(config_.head_size())),
-      unit_(quantize == Quantize::int4 ? kInt4Tile
-            : quantize == Quantize::none && !bf16_ ? kPanel
-                                                  : kRowBlock) {
+      unit_(quantize == Quantize::int4                                        ? kInt4Tile
+            : quantize == Quantize::none && (!bf16_ || bf16_panels_supported()) ? kPanel
+                                                                                 : kRowBlock) {
   if (!decoder_supports(model))
     throw std::invalid_argument(
         "[model] the hand-written decoder needs an fp32 model on the CPU in eval mode, without autograd, and CPU "
@@ -1082,6 +1172,21 @@ Decoder::Matrix Decoder::pack_matrix(const torch::Tensor& t, bool in_block) {
     m.panels = {static_cast<const float*>(place(packed_, packed_size_, panels, torch::kFloat)), rows, cols};
     return m;
   }
+  if (bf16_ && in_block && t.defined() && bf16_panels_supported()) {  // dot.h's Bf16Panels
+    const int64_t rows = t.size(0), cols = t.size(1), padded = (rows + kPanel - 1) / kPanel * kPanel;
+    const int64_t npairs = bf16_panel_pairs(cols);
+    if (!packed_bf16_.defined()) {  // measuring: only the size (an untouched allocation)
+      place(packed_bf16_, packed_bf16_size_, torch::empty({padded * 2 * npairs}, torch::kBFloat16), torch::kBFloat16);
+      return m;
+    }
+    auto w = torch::zeros({padded, 2 * npairs}, torch::kFloat);
+    w.narrow(0, 0, rows).narrow(1, 0, cols).copy_(t.detach());
+    // (panel, pair, row in the panel, column of the pair), rounded as autocast rounds the weights
+    const auto panels = w.to(torch::kBFloat16).view({padded / kPanel, kPanel, npairs, 2}).permute({0, 2, 1, 3}).contiguous();
+    m.bf16_panels = {static_cast<const uint16_t*>(place(packed_bf16_, packed_bf16_size_, panels, torch::kBFloat16)),
+                     rows, cols};
+    return m;
+  }
   if (!bf16_) m.f32 = pack(t);
   else m.bf16 = static_cast<const uint16_t*>(place(packed_bf16_, packed_bf16_size_, t, torch::kBFloat16));
   return m;
@@ -1104,6 +1209,7 @@ void Decoder::Matrix::add_row(int64_t r, int64_t cols, float* out) const {
 void Decoder::Matrix::rows(const float* x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1,
                            float* y, int64_t y_stride, bool accumulate) const {
   if (panels.data) matvec_rows(panels, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+  else if (bf16_panels.data) matvec_rows(bf16_panels, x, x_stride, B, r0, r1, y, y_stride, accumulate);
   else if (int4.data) matvec_rows(int4, x, x_stride, B, r0, r1, y, y_stride, accumulate);
   else if (int8.q) matvec_rows(int8, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
   else if (bf16) matvec_rows(bf16, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
@@ -1309,7 +1415,7 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
   for (int64_t b = 0; b < B; ++b) {
     wte_.row(id[b], C, x + b * C);
     if (wpe_) wpe_.add_row(positions[b], C, x + b * C);
-    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr, {}, {}, {}}.add_row(positions[b], C, x + b * C);
+    else if (sinusoid_.defined()) Matrix{sinusoid_.data_ptr<float>(), nullptr, {}, {}, {}, {}}.add_row(positions[b], C, x + b * C);
   }
   std::vector<const float*> cos2(rows, nullptr), sin2(rows, nullptr);  // each cache's RoPE rows
   for (int64_t r = 0; r < rows && rope_; ++r) {

@@ -41,7 +41,9 @@ class Decoder {
   /// call). In fp32 the blocks' matrices are packed in panels of 16 rows (dot.h's F32Panels):
   /// several sequences' products then share each load of a weight, each output summed over its
   /// columns in one lane, the same bits in a batch of any size (full-preset model, 16 sequences,
-  /// one thread: the products in 2.9 ms against 5.1-5.9 with rows of four). Under CPU bf16
+  /// one thread: the products in 2.9 ms against 5.1-5.9 with rows of four). In bf16 they are too
+  /// where the CPU has AVX512-BF16 (Bf16Panels, a pair of columns a lane and instruction; 16
+  /// sequences 3.5 against 4.2-5.5 ms, one sequence unchanged at ~0.77 ms). Under CPU bf16
   /// autocast every weight matrix (the embeddings, Q/K/V, the projections, the MLP, the head) is
   /// packed in bf16, rounded as autocast rounds the weights of its bf16 products: half the bytes
   /// to stream per token. Each product then takes its input rounded to bf16 too, as autocast's do, and sums the exact products in fp32 (matvec_rows); the norms'
@@ -96,13 +98,14 @@ class Decoder {
     const uint16_t* bf16 = nullptr;
     Int8Rows int8;
     Int4Tiles int4;
-    F32Panels panels;  // the blocks' fp32 matrices
+    F32Panels panels;        // the blocks' fp32 matrices
+    Bf16Panels bf16_panels;  // the blocks' bf16 matrices, where AVX512-BF16 multiplies them
     /// Rows r0 <= r < r1 of this @ x for each of B rows of x: matvec_rows on whichever is set.
     void rows(const float* x, int64_t x_stride, int64_t B, int64_t cols, int64_t r0, int64_t r1, float* y,
               int64_t y_stride, bool accumulate) const;
     void row(int64_t r, int64_t cols, float* out) const;      // out = row r, in fp32
     void add_row(int64_t r, int64_t cols, float* out) const;  // out += row r
-    explicit operator bool() const { return f32 || bf16 || int8.q || int4.data || panels.data; }
+    explicit operator bool() const { return f32 || bf16 || int8.q || int4.data || panels.data || bf16_panels.data; }
   };
   struct Layer {  // pointers into the packed buffers; biases nullptr when the model has none
     const float *ln_1_w, *ln_1_b, *qkv_b, *o_b, *ln_2_w, *ln_2_b, *fc_b, *proj_b;

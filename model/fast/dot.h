@@ -57,6 +57,25 @@ struct F32Panels {
 void matvec_rows(const F32Panels& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
                  float* __restrict y, int64_t y_stride, bool accumulate);
 
+/// A bf16 weight matrix (rows, cols) in panels of kPanel rows for AVX512-BF16's dot product
+/// (VDPBF16PS): panel p holds, for each pair of columns (2c, 2c + 1) in order, its kPanel rows' two
+/// values side by side (64 bytes, one register; an odd cols' last pair and the last panel's
+/// missing rows padded with zeros). Each output sits in one lane and adds each pair's two exact
+/// products in order, so, as F32Panels, a row gets the same bits in a batch of any size.
+struct Bf16Panels {
+  const uint16_t* data = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+inline int64_t bf16_panel_pairs(int64_t cols) { return (cols + 1) / 2; }
+/// Whether this machine multiplies Bf16Panels with AVX512-BF16 (avx512_bf16_kernels()): the
+/// decoder packs its bf16 matrices so only then (else as rows, for matvec_rows above).
+bool bf16_panels_supported();
+
+/// The same product with Bf16Panels weights, x rounded to bf16 first (as matvec_rows with bf16
+/// rows). r0 a multiple of kPanel; r1 one too, or w.rows.
+void matvec_rows(const Bf16Panels& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
+                 float* __restrict y, int64_t y_stride, bool accumulate);
+
 /// x (n values) -> q = nearbyint(x / s), s = max|x| / 127 (1 for zeros), clamped to ±127; returns s,
 /// and Σ q in *sum. NaN or inf in x: s is NaN and q zeros. (Each product's input, and with
 /// `--quantize` the KV cache's keys, values and queries.)
