@@ -309,11 +309,11 @@ void matvec_rows_any(const W* __restrict w, const X* __restrict x, int64_t x_str
   matvec_rows_portable(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
 }
 
-// out[b * cols + i] = x[b * x_stride + i] rounded to bf16 (simd.h's float_to_bf16_bits).
+// out[b * out_stride + i] = x[b * x_stride + i] rounded to bf16 (simd.h's float_to_bf16_bits).
 NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, round_rows_to_bf16, (const float* __restrict x, int64_t x_stride, int64_t B,
-               int64_t cols, uint16_t* __restrict out), (x, x_stride, B, cols, out), {
+               int64_t cols, uint16_t* __restrict out, int64_t out_stride), (x, x_stride, B, cols, out, out_stride), {
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < cols; ++i) out[b * cols + i] = float_to_bf16_bits(x[b * x_stride + i]);
+    for (int64_t i = 0; i < cols; ++i) out[b * out_stride + i] = float_to_bf16_bits(x[b * x_stride + i]);
 })
 
 }  // namespace
@@ -328,7 +328,7 @@ void matvec_rows(const uint16_t* __restrict w, const float* __restrict x, int64_
                  int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
   thread_local AlignedVector<uint16_t> rounded;  // each thread's copy of x in bf16
   rounded.resize(B * cols);
-  round_rows_to_bf16(x, x_stride, B, cols, rounded.data());
+  round_rows_to_bf16(x, x_stride, B, cols, rounded.data(), cols);
 #if NANOGPT_X86_INTRINSICS
   if (avx512_bf16_kernels())
     return matvec_rows_avx512_bf16(w, rounded.data(), cols, B, cols, r0, r1, y, y_stride, accumulate);
@@ -985,10 +985,9 @@ void matvec_rows(const Bf16Panels& w, const float* __restrict x, int64_t x_strid
   const int64_t npairs = bf16_panel_pairs(w.cols), stride = 2 * npairs;
   thread_local AlignedVector<uint16_t> rounded;  // each thread's x in bf16, its rows padded to whole pairs
   rounded.resize(B * stride);
-  for (int64_t b = 0; b < B; ++b) {
-    round_rows_to_bf16(x + b * x_stride, x_stride, 1, w.cols, rounded.data() + b * stride);
-    if (stride > w.cols) rounded[b * stride + w.cols] = 0;
-  }
+  round_rows_to_bf16(x, x_stride, B, w.cols, rounded.data(), stride);
+  if (stride > w.cols)
+    for (int64_t b = 0; b < B; ++b) rounded[b * stride + w.cols] = 0;
 #if NANOGPT_X86_INTRINSICS
   if (avx512_bf16_kernels())
     return matvec_bf16_panels_avx512(w, rounded.data(), stride, B, r0, r1, y, y_stride, accumulate);
