@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -196,11 +197,13 @@ std::vector<Command> commands_in(const std::string& path, const std::string& nam
   return commands;
 }
 
-// The README and the reference pages; the dated log records commands as they were run then.
+// The README and the reference pages. The dated log (docs/perf-log.md, its index, and the entries in
+// docs/perf-log/) records commands as they were run then: the index is skipped by name, and the
+// folder because the iterator does not descend into it.
 std::vector<std::pair<std::string, std::string>> documented_files() {
   std::vector<std::pair<std::string, std::string>> files{{kSource + "/README.md", "README.md"}};
   for (const auto& entry : fs::directory_iterator(kSource + "/docs"))
-    if (entry.path().extension() == ".md" && entry.path().filename() != "perf-log.md")
+    if (entry.is_regular_file() && entry.path().extension() == ".md" && entry.path().filename() != "perf-log.md")
       files.emplace_back(entry.path().string(), "docs/" + entry.path().filename().string());
   return files;
 }
@@ -264,8 +267,62 @@ TEST(DocumentedCommands, UseOnlySubcommandsOptionsAndKeysTheProgramHas) {
 }
 
 TEST(DocumentedCommands, ReadmeAndPerformancePageStayShort) {
-  for (const std::string name : {"README.md", "docs/performance.md"}) {
+  const std::vector<std::pair<std::string, size_t>> pages{
+      {"README.md", 200}, {"docs/performance.md", 200}, {"docs/architecture.md", 120}, {"docs/perf-log.md", 120}};
+  for (const auto& [name, most] : pages) {
     const size_t n = lines_of(slurp(kSource + "/" + name)).size();
-    EXPECT_LE(n, 200u) << name << " has " << n << " lines: it stays a page a newcomer reads; move detail to docs/";
+    EXPECT_LE(n, most) << name << " has " << n << " lines: it stays a page a newcomer reads; move detail to docs/";
   }
+}
+
+namespace {
+
+// A heading's anchor as GitHub makes it: lowercase, spaces to '-', punctuation dropped ('-' and '_'
+// kept). Non-ASCII characters are dropped too: GitHub keeps letters (é) but drops symbols (×), and
+// no heading of the log has a non-ASCII letter.
+std::string github_anchor(const std::string& heading) {
+  std::string anchor;
+  for (const unsigned char c : heading) {
+    if (std::isalnum(c)) anchor += static_cast<char>(std::tolower(c));
+    else if (c == ' ' || c == '-') anchor += '-';
+    else if (c == '_') anchor += '_';
+  }
+  return anchor;
+}
+
+// The `## ` headings of a Markdown file, outside code blocks, in order.
+std::vector<std::string> entry_headings(const std::string& path) {
+  std::vector<std::string> headings;
+  bool in_code = false;
+  for (const std::string& line : lines_of(slurp(path))) {
+    if (line.rfind("```", 0) == 0) in_code = !in_code;
+    else if (!in_code && line.rfind("## ", 0) == 0) headings.push_back(line.substr(3));
+  }
+  return headings;
+}
+
+}  // namespace
+
+TEST(PerfLog, TheIndexLinksEveryEntryOfEveryAreaFile) {
+  const std::string index = slurp(kSource + "/docs/perf-log.md");
+  std::set<std::string> linked;  // "perf-log/AREA.md#anchor"
+  static const std::regex link(R"(\]\((perf-log/[a-z0-9-]+\.md#[^)\s]+)\))");
+  for (std::sregex_iterator it(index.begin(), index.end(), link), end; it != end; ++it) linked.insert((*it)[1].str());
+  std::set<std::string> entries;
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(kSource + "/docs/perf-log")) {
+    if (entry.path().extension() != ".md") continue;
+    ++files;
+    const std::string name = "perf-log/" + entry.path().filename().string();
+    const auto headings = entry_headings(entry.path().string());
+    EXPECT_FALSE(headings.empty()) << "docs/" << name << " holds no entry";
+    for (const std::string& heading : headings) {
+      const std::string target = name + "#" + github_anchor(heading);
+      entries.insert(target);
+      EXPECT_TRUE(linked.count(target)) << "docs/perf-log.md has no line for the entry '" << heading << "' (" << target << ")";
+    }
+  }
+  EXPECT_GE(files, 2u) << "docs/perf-log/ lost its area files";
+  for (const std::string& target : linked)
+    EXPECT_TRUE(entries.count(target)) << "docs/perf-log.md links " << target << ", which is no entry's heading";
 }
