@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "io/atomic_file.h"
-#include "train/bench.h"
+#include "tools/bench.h"
 #include "train/config.h"
 
 namespace nanogpt::cli {
@@ -14,7 +14,7 @@ void add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Benchmark GEMMs, training steps and sampling for a config on this machine");
   auto config_path = std::make_shared<std::string>("configs/shakespeare_char_cpu.yaml");
   auto json_path = std::make_shared<std::string>();
-  auto options = std::make_shared<train::BenchOptions>();
+  auto options = std::make_shared<tools::BenchOptions>();
   cmd->add_option("config", *config_path, "YAML config")->capture_default_str();
   cmd->add_option("--iters", options->iters, "Timed training steps")->capture_default_str();
   cmd->add_option("--warmup", options->warmup, "Untimed steps first")->capture_default_str();
@@ -31,7 +31,7 @@ void add_bench_command(CLI::App& app) {
     auto config = train::load_config(*config_path);
     train::apply_overrides(config, cmd->remaining());
     config.validate();
-    const auto report = train::run_bench(config, *options);
+    const auto report = tools::run_bench(config, *options);
     std::fputs(report.table().c_str(), stdout);
     if (!json_path->empty()) io::write_bytes_atomically(*json_path, report.json(), "bench");
   });

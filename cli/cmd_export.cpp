@@ -8,9 +8,9 @@
 
 #include "cli/commands.h"
 #include "interop/hf_export.h"
+#include "interop/nanogpt_bridge.h"
+#include "interop/safetensors_export.h"
 #include "train/checkpoint.h"
-#include "train/export.h"
-#include "train/nanogpt_bridge.h"
 
 namespace nanogpt::cli {
 
@@ -40,7 +40,7 @@ void add_export_command(CLI::App& app) {
     if (opts->format == "nanogpt") {
       if (out->count() == 0) throw std::invalid_argument("[export] --format=nanogpt writes a folder: give --out=DIR");
       const std::string dataset =
-          train::export_nanogpt(source, opts->out, train::PythonBridge::find(NANOGPT_PYTHON, NANOGPT_SOURCE_DIR));
+          interop::export_nanogpt(source, opts->out, interop::PythonBridge::find(NANOGPT_PYTHON, NANOGPT_SOURCE_DIR));
       std::printf("[export] wrote %s/ckpt.pt and %s/meta.pkl | from %s\n", opts->out.c_str(), opts->out.c_str(), source.c_str());
       std::printf("[export] nanoGPT's sample.py reads data/%s/meta.pkl: copy meta.pkl there (or keep the one its "
                   "prepare.py made), then python sample.py --out_dir=%s\n", dataset.c_str(), opts->out.c_str());
@@ -60,7 +60,7 @@ void add_export_command(CLI::App& app) {
       return;
     }
     const train::LoadedModel loaded = train::load_model(source, torch::kCPU);
-    train::export_safetensors(loaded, opts->out);
+    interop::export_safetensors(loaded, opts->out);
     int64_t tensors = 0, params = 0;
     for (const auto& p : loaded.model->parameters()) {
       ++tensors;

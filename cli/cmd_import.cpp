@@ -1,11 +1,11 @@
 // nanogpt import-nanogpt: a nanoGPT checkpoint (ckpt.pt + meta.pkl) as one of ours, ready for
-// `nanogpt sample` and `nanogpt train --init_from=resume` (train/nanogpt_bridge.h does the work).
+// `nanogpt sample` and `nanogpt train --init_from=resume` (interop/nanogpt_bridge.h does the work).
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
-#include "train/nanogpt_bridge.h"
+#include "interop/nanogpt_bridge.h"
 
 namespace nanogpt::cli {
 
@@ -19,8 +19,8 @@ void add_import_command(CLI::App& app) {
   cmd->add_option("--meta", opts->meta, "nanoGPT's vocabulary (data/<dataset>/meta.pkl); character-level models only");
   cmd->add_option("--out_dir", opts->out_dir, "New (or empty) folder for our checkpoint and config.yaml")->required();
   cmd->callback([opts] {
-    const auto bridge = train::PythonBridge::find(NANOGPT_PYTHON, NANOGPT_SOURCE_DIR);
-    const train::ImportReport report = train::import_nanogpt(opts->ckpt, opts->meta, opts->out_dir, bridge);
+    const auto bridge = interop::PythonBridge::find(NANOGPT_PYTHON, NANOGPT_SOURCE_DIR);
+    const interop::ImportReport report = interop::import_nanogpt(opts->ckpt, opts->meta, opts->out_dir, bridge);
     const auto& m = report.model_config;
     std::printf("[import] wrote %s | %lld layers, %lld heads, %lld wide, block %lld, %lld characters | iter %lld | "
                 "AdamW state %s\n",

@@ -39,6 +39,7 @@
 #include "data/token_file.h"
 #include "data/utf8.h"
 #include "io/atomic_file.h"
+#include "io/little_endian.h"
 
 namespace nanogpt::data {
 namespace {
@@ -58,16 +59,6 @@ constexpr char32_t kMaxCodePoint = 0x10FFFF;
 
 std::string join(const std::string& dir, const char* name) { return (fs::path(dir) / name).string(); }
 
-void put_le(std::string& out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
-}
-
-uint64_t get_le(const unsigned char* p, int bytes) {
-  uint64_t value = 0;
-  for (int i = bytes - 1; i >= 0; --i) value = (value << 8) | p[i];
-  return value;
-}
-
 uint64_t double_bits(double d) {
   uint64_t bits;
   std::memcpy(&bits, &d, sizeof(bits));
@@ -83,18 +74,18 @@ double bits_double(uint64_t bits) {
 std::string serialize_meta(const DatasetMeta& meta) {
   const std::string vocab = meta.vocab.serialize();
   std::string out(kMetaMagic, sizeof(kMetaMagic));
-  put_le(out, kMetaVersion, 4);
-  put_le(out, static_cast<uint64_t>(meta.train_tokens), 8);
-  put_le(out, static_cast<uint64_t>(meta.val_tokens), 8);
-  put_le(out, meta.input_bytes, 8);
-  put_le(out, meta.input_hash, 8);
-  put_le(out, double_bits(meta.val_fraction), 8);
-  put_le(out, static_cast<uint64_t>(meta.input_mtime_ns), 8);
-  put_le(out, meta.train_checksum, 8);
-  put_le(out, meta.val_checksum, 8);
-  put_le(out, static_cast<uint64_t>(meta.train_chars), 8);
-  put_le(out, static_cast<uint64_t>(meta.val_chars), 8);
-  put_le(out, vocab.size(), 8);
+  io::append_le(out, kMetaVersion, 4);
+  io::append_le(out, static_cast<uint64_t>(meta.train_tokens), 8);
+  io::append_le(out, static_cast<uint64_t>(meta.val_tokens), 8);
+  io::append_le(out, meta.input_bytes, 8);
+  io::append_le(out, meta.input_hash, 8);
+  io::append_le(out, double_bits(meta.val_fraction), 8);
+  io::append_le(out, static_cast<uint64_t>(meta.input_mtime_ns), 8);
+  io::append_le(out, meta.train_checksum, 8);
+  io::append_le(out, meta.val_checksum, 8);
+  io::append_le(out, static_cast<uint64_t>(meta.train_chars), 8);
+  io::append_le(out, static_cast<uint64_t>(meta.val_chars), 8);
+  io::append_le(out, vocab.size(), 8);
   out += vocab;
   return out;
 }
@@ -376,7 +367,7 @@ DatasetMeta read_meta(const std::string& out_dir) {
   }
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   if (std::memcmp(p, kMetaMagic, sizeof(kMetaMagic)) != 0) throw bad("not a meta file (wrong magic number)");
-  const uint64_t version = get_le(p + 8, 4);
+  const uint64_t version = io::get_le(p + 8, 4);
   if (version < 1 || version > kMetaVersion) {
     throw bad(fmt::format("unsupported meta file version {} (this build reads versions 1 to {})", version, kMetaVersion));
   }
@@ -384,20 +375,20 @@ DatasetMeta read_meta(const std::string& out_dir) {
   if (bytes.size() < fixed) throw bad(fmt::format("the file has {} bytes, too short for a meta file", bytes.size()));
   DatasetMeta meta;
   meta.version = static_cast<uint32_t>(version);
-  const uint64_t train = get_le(p + 12, 8);
-  const uint64_t val = get_le(p + 20, 8);
-  meta.input_bytes = get_le(p + 28, 8);
-  meta.input_hash = get_le(p + 36, 8);
-  meta.val_fraction = bits_double(get_le(p + 44, 8));
+  const uint64_t train = io::get_le(p + 12, 8);
+  const uint64_t val = io::get_le(p + 20, 8);
+  meta.input_bytes = io::get_le(p + 28, 8);
+  meta.input_hash = io::get_le(p + 36, 8);
+  meta.val_fraction = bits_double(io::get_le(p + 44, 8));
   if (version >= 2) {
-    meta.input_mtime_ns = static_cast<int64_t>(get_le(p + 52, 8));
-    meta.train_checksum = get_le(p + 60, 8);
-    meta.val_checksum = get_le(p + 68, 8);
+    meta.input_mtime_ns = static_cast<int64_t>(io::get_le(p + 52, 8));
+    meta.train_checksum = io::get_le(p + 60, 8);
+    meta.val_checksum = io::get_le(p + 68, 8);
   }
   // Versions 1 and 2 held only char datasets: a character per token.
-  const uint64_t train_chars = version >= 3 ? get_le(p + 76, 8) : train;
-  const uint64_t val_chars = version >= 3 ? get_le(p + 84, 8) : val;
-  const uint64_t vocab_bytes = get_le(p + fixed - 8, 8);
+  const uint64_t train_chars = version >= 3 ? io::get_le(p + 76, 8) : train;
+  const uint64_t val_chars = version >= 3 ? io::get_le(p + 84, 8) : val;
+  const uint64_t vocab_bytes = io::get_le(p + fixed - 8, 8);
   if (vocab_bytes != bytes.size() - fixed) {
     throw bad(fmt::format("the vocabulary should be {} bytes but {} follow the header (truncated or corrupt)", vocab_bytes,
                           bytes.size() - fixed));

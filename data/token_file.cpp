@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "io/atomic_file.h"
+#include "io/little_endian.h"
 #include "io/mapped_file.h"
 
 namespace nanogpt::data {
@@ -21,16 +22,6 @@ namespace {
 constexpr char kMagic[8] = {'N', 'G', 'P', 'T', 'T', 'O', 'K', '\0'};
 constexpr char kHint[] = "re-run `nanogpt prepare` to rebuild it";
 constexpr size_t kBufferBytes = 1 << 20;
-
-void put_le(unsigned char* out, uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<unsigned char>((value >> (8 * i)) & 0xFF);
-}
-
-uint64_t get_le(const unsigned char* p, int bytes) {
-  uint64_t value = 0;
-  for (int i = bytes - 1; i >= 0; --i) value = (value << 8) | p[i];
-  return value;
-}
 
 [[noreturn]] void bad_file(const std::string& path, const std::string& what) {
   throw std::runtime_error("[data] '" + path + "': " + what + " (" + kHint + ")");
@@ -67,7 +58,7 @@ void verify_tokens(const std::string& path, uint64_t count, uint64_t width, cons
     const size_t n = static_cast<size_t>(got) / width * width;  // pread of a regular file returns whole requests
     sum.update(buffer.data(), n);
     for (size_t i = 0; i < n; i += width, ++index) {
-      const uint64_t id = width == 2 ? (buffer[i] | (uint64_t{buffer[i + 1]} << 8)) : get_le(&buffer[i], 4);
+      const uint64_t id = width == 2 ? (buffer[i] | (uint64_t{buffer[i + 1]} << 8)) : io::get_le(&buffer[i], 4);
       // An id past the vocabulary would index past the embedding table at the first step.
       if (id >= ids) {
         bad_file(path, fmt::format("token {} at index {} is outside the vocabulary (vocab_size {}): the tokens were "
@@ -103,9 +94,9 @@ TokenFileWriter::TokenFileWriter(const std::string& path, uint64_t count, int64_
   if (fd_ < 0) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno));
   unsigned char header[kTokenFileHeaderBytes];
   std::memcpy(header, kMagic, sizeof(kMagic));
-  put_le(header + 8, kTokenFileVersion, 4);
-  put_le(header + 12, static_cast<uint64_t>(width_), 4);
-  put_le(header + 16, count, 8);
+  io::put_le(header + 8, kTokenFileVersion, 4);
+  io::put_le(header + 12, static_cast<uint64_t>(width_), 4);
+  io::put_le(header + 16, count, 8);
   write_all(fd_, header, sizeof(header), path_);
 }
 
@@ -139,7 +130,7 @@ void TokenFileWriter::append(const int32_t* ids, size_t n) {
         out[2 * i + 1] = static_cast<unsigned char>(ids[i] >> 8);
       }
     } else {
-      for (size_t i = 0; i < take; ++i) put_le(out + 4 * i, static_cast<uint32_t>(ids[i]), 4);
+      for (size_t i = 0; i < take; ++i) io::put_le(out + 4 * i, static_cast<uint32_t>(ids[i]), 4);
     }
     used_ += take * static_cast<size_t>(width_);
     ids += take;
@@ -160,7 +151,7 @@ uint64_t TokenFileWriter::finish() {
   flush();
   if (count_unknown_) {  // the header's count, now that it is known
     unsigned char count[8];
-    put_le(count, written_, 8);
+    io::put_le(count, written_, 8);
     if (::pwrite(fd_, count, sizeof(count), 16) != static_cast<ssize_t>(sizeof(count))) {
       throw std::runtime_error("cannot write the token count into '" + path_ + "': " + std::strerror(errno));
     }
@@ -198,14 +189,14 @@ torch::Tensor map_token_file(const std::string& path, const TokenFileCheck& chec
   }
   const unsigned char* p = file->data();
   if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) bad_file(path, "not a token file (wrong magic number)");
-  const uint64_t version = get_le(p + 8, 4);
+  const uint64_t version = io::get_le(p + 8, 4);
   if (version != kTokenFileVersion) {
     bad_file(path, fmt::format("unsupported token file version {} (this build reads version {})", version,
                                kTokenFileVersion));
   }
-  const uint64_t width = get_le(p + 12, 4);
+  const uint64_t width = io::get_le(p + 12, 4);
   if (width != 2 && width != 4) bad_file(path, fmt::format("invalid token width {} (expected 2 or 4)", width));
-  const uint64_t count = get_le(p + 16, 8);
+  const uint64_t count = io::get_le(p + 16, 8);
   const uint64_t payload = size - kTokenFileHeaderBytes;
   // Compare without multiplying, so a corrupt huge count cannot overflow.
   if (payload % width != 0 || payload / width != count) {

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "io/atomic_file.h"
+#include "io/little_endian.h"
 #include "io/text.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -151,7 +152,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
         std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
         if (!out) throw std::runtime_error(std::strerror(errno));
         unsigned char length[8];
-        for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(uint64_t(header.size()) >> (8 * i));
+        put_le(length, header.size(), 8);
         out.write(reinterpret_cast<const char*>(length), 8);
         out.write(header.data(), static_cast<std::streamsize>(header.size()));
         size_t written = 0;
@@ -185,8 +186,7 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path, std::string_view t
     fail(fmt::format("file is {} bytes, too short for the 8-byte header length (empty or truncated file?)", file_size_));
   unsigned char length[8];
   in_.read(reinterpret_cast<char*>(length), 8);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | length[i];
+  const uint64_t header_len = get_le(length, 8);
   if (!in_ || header_len > file_size_ - 8)
     fail(fmt::format("header length {} exceeds the {} bytes after it (truncated file, or not a safetensors file?)",
                      header_len, file_size_ - 8));

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The pickle side of the nanoGPT bridge (train/nanogpt_bridge.h): converts nanoGPT's ckpt.pt +
+"""The pickle side of the nanoGPT bridge (interop/nanogpt_bridge.h): converts nanoGPT's ckpt.pt +
 meta.pkl to a neutral safetensors file and back, and nothing else. Which tensor goes where (c_attn
 split into q/k/v, the optimizer's layout, the vocabulary's order) is decided on the C++ side; this
 script only unpacks and packs Python objects. `nanogpt import-nanogpt` and `nanogpt export

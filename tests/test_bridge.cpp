@@ -1,4 +1,4 @@
-// The nanoGPT bridge (train/nanogpt_bridge.h): our checkpoint through nanoGPT's format and back is
+// The nanoGPT bridge (interop/nanogpt_bridge.h): our checkpoint through nanoGPT's format and back is
 // bit for bit the same; a checkpoint of an independent PyTorch GPT laid out like nanoGPT's
 // (tests/nanogpt_reference.py) imports and gives its logits and its next AdamW step; and what
 // cannot cross (a BPE vocabulary, no meta.pkl, a pickle that would run code, RoPE) is refused with
@@ -13,14 +13,14 @@
 
 #include "data/batch_sampler.h"
 #include "data/utf8.h"
+#include "interop/nanogpt_bridge.h"
+#include "interop/nanogpt_config.h"
 #include "io/safetensors.h"
 #include "runtime/subprocess.h"
 #include "test_files.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "train/nanogpt_bridge.h"
-#include "train/nanogpt_config.h"
 
 using namespace nanogpt;
 using nanogpt::testing::ScratchDir;
@@ -30,8 +30,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const train::PythonBridge& bridge() {
-  static const auto found = train::PythonBridge::find(NANOGPT_PYTHON, NANOGPT_SOURCE_DIR);
+const interop::PythonBridge& bridge() {
+  static const auto found = interop::PythonBridge::find(NANOGPT_PYTHON, NANOGPT_SOURCE_DIR);
   return found;
 }
 
@@ -167,7 +167,7 @@ void check_reference_logits(bool bias) {
   ScratchDir dir;
   std::string itos;
   const auto expected = make_reference(dir, bias, &itos);
-  const auto report = train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "ours", bridge());
+  const auto report = interop::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "ours", bridge());
   EXPECT_EQ(report.iter, 3);
   EXPECT_TRUE(report.optimizer);
   EXPECT_TRUE(report.notes.empty()) << report.notes.front();
@@ -200,13 +200,13 @@ TEST(NanoGPTBridge, RoundTripThroughNanoGPTIsBitwise) {
   ScratchDir dir;
   OurCheckpoint ours(tiny_model(/*bias=*/true, 0));
   ours.save(dir / "ckpt.safetensors");
-  EXPECT_EQ(train::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()), "tiny");
+  EXPECT_EQ(interop::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()), "tiny");
   std::vector<std::string> written;
   for (const auto& entry : fs::directory_iterator(dir / "nano")) written.push_back(entry.path().filename());
   std::sort(written.begin(), written.end());
   EXPECT_EQ(written, (std::vector<std::string>{"ckpt.pt", "meta.pkl"}));
 
-  const auto report = train::import_nanogpt(dir / "nano/ckpt.pt", dir / "nano/meta.pkl", dir / "back", bridge());
+  const auto report = interop::import_nanogpt(dir / "nano/ckpt.pt", dir / "nano/meta.pkl", dir / "back", bridge());
   EXPECT_TRUE(report.optimizer);
   EXPECT_TRUE(report.notes.empty()) << report.notes.front();
   const auto meta = train::read_checkpoint_meta(report.checkpoint);
@@ -253,7 +253,7 @@ TEST(NanoGPTBridge, ImportedAdamWTakesTorchsNextStep) {
   std::string itos;
   double lr = 0;
   const auto expected = make_reference(dir, /*bias=*/true, &itos, &lr);
-  const auto report = train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "ours", bridge());
+  const auto report = interop::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "ours", bridge());
   const auto config = train::load_config(report.config);
   const auto meta = train::read_checkpoint_meta(report.checkpoint);
   model::GPT gpt(meta.model_config);
@@ -300,7 +300,7 @@ TEST(NanoGPTBridge, RefusesSubwordVocabulariesAndPicklesThatWouldRunCode) {
     SCOPED_TRACE(meta);
     // meta is copied in: C++17 lets a lambda capture a structured binding only this way (clang).
     const auto import = [&, meta = meta] {
-      train::import_nanogpt(dir / "ckpt.pt", dir / meta, dir / "out", bridge());
+      interop::import_nanogpt(dir / "ckpt.pt", dir / meta, dir / "out", bridge());
     };
     expect_refusal(nanogpt::testing::error_of(import), "[import]", needle);
     expect_nothing_written(dir, "out");
@@ -311,9 +311,9 @@ TEST(NanoGPTBridge, RefusesSubwordVocabulariesAndPicklesThatWouldRunCode) {
 TEST(NanoGPTBridge, RefusesACheckpointWithoutMetaPkl) {
   ScratchDir dir;
   spit(dir / "ckpt.pt", "not read");
-  expect_refusal(nanogpt::testing::error_of([&] { train::import_nanogpt(dir / "ckpt.pt", "", dir / "out", bridge()); }), "[import]",
+  expect_refusal(nanogpt::testing::error_of([&] { interop::import_nanogpt(dir / "ckpt.pt", "", dir / "out", bridge()); }), "[import]",
                  "no meta.pkl given: without one nanoGPT uses the GPT-2 BPE tokenizer, and nanogpt-cpp is character-level");
-  expect_refusal(nanogpt::testing::error_of([&] { train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", bridge()); }),
+  expect_refusal(nanogpt::testing::error_of([&] { interop::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", bridge()); }),
                  "[import]", "the meta.pkl '" + dir / "meta.pkl" + "' is not a file");
   expect_nothing_written(dir, "out");
 }
@@ -322,9 +322,9 @@ TEST(NanoGPTBridge, SaysWhenPythonIsMissing) {
   ScratchDir dir;
   spit(dir / "ckpt.pt", "not read");
   spit(dir / "meta.pkl", "not read");
-  train::PythonBridge missing = bridge();
+  interop::PythonBridge missing = bridge();
   missing.python = dir / "no-python";
-  expect_refusal(nanogpt::testing::error_of([&] { train::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", missing); }),
+  expect_refusal(nanogpt::testing::error_of([&] { interop::import_nanogpt(dir / "ckpt.pt", dir / "meta.pkl", dir / "out", missing); }),
                  "[import]", "cannot run '" + dir / "no-python" + "': No such file or directory (a Python with torch");
   expect_nothing_written(dir, "out");
 }
@@ -343,7 +343,7 @@ TEST(NanoGPTBridge, RefusesToExportWhatNanoGPTLacks) {
   for (const auto& [m, needle] : cases) {
     SCOPED_TRACE(needle);
     OurCheckpoint(m).save(dir / "ckpt.safetensors");
-    expect_refusal(nanogpt::testing::error_of([&] { train::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()); }), "[export]",
+    expect_refusal(nanogpt::testing::error_of([&] { interop::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()); }), "[export]",
                    "nanoGPT's model.py " + needle + ", so it cannot load this model");
     expect_nothing_written(dir, "nano");
   }
@@ -354,7 +354,7 @@ TEST(NanoGPTBridge, NeverWritesIntoAFolderThatHoldsFiles) {
   OurCheckpoint(tiny_model(false, 0)).save(dir / "ckpt.safetensors");
   fs::create_directories(dir / "nano");
   spit(dir / "nano/ckpt.pt", "someone's checkpoint");
-  expect_refusal(nanogpt::testing::error_of([&] { train::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()); }), "[export]",
+  expect_refusal(nanogpt::testing::error_of([&] { interop::export_nanogpt(dir / "ckpt.safetensors", dir / "nano", bridge()); }), "[export]",
                  "'" + dir / "nano" + "' is not empty (give a new or empty folder: nothing is overwritten)");
   EXPECT_EQ(slurp(dir / "nano/ckpt.pt"), "someone's checkpoint");
 }
@@ -391,7 +391,7 @@ TEST(NanoGPTBridge, ForeignConfigValuesAreNamed) {
   const Json nano = {{"dataset", "shakespeare_char"}, {"max_iters", 5000.0}, {"learning_rate", 1e-3},
                      {"decay_lr", "yes"}, {"wandb_log", false}, {"device", "cuda"}};
   std::vector<std::string> notes;
-  const auto config = train::train_config_from_nanogpt(nano, tiny_model(false, 65), "out-x", notes);
+  const auto config = interop::train_config_from_nanogpt(nano, tiny_model(false, 65), "out-x", notes);
   EXPECT_EQ(config.dataset, "data/shakespeare_char");
   EXPECT_EQ(config.learning_rate, 1e-3);
   EXPECT_EQ(config.max_iters, train::TrainConfig{}.max_iters);
@@ -401,9 +401,9 @@ TEST(NanoGPTBridge, ForeignConfigValuesAreNamed) {
   EXPECT_EQ(notes[0], "config 'max_iters' (5000.0) is not an integer: the default 600000 is kept");
   EXPECT_EQ(notes[1], "config 'decay_lr' (\"yes\") is not true or false: the default true is kept");
 
-  Json args = train::model_args_of(tiny_model(false, 65));
-  EXPECT_EQ(model::to_json(train::config_from_model_args(args)), model::to_json(tiny_model(false, 65)));
+  Json args = interop::model_args_of(tiny_model(false, 65));
+  EXPECT_EQ(model::to_json(interop::config_from_model_args(args)), model::to_json(tiny_model(false, 65)));
   args["n_kv_head"] = 1;
-  expect_refusal(nanogpt::testing::error_of([&] { train::config_from_model_args(args); }), "[import]",
+  expect_refusal(nanogpt::testing::error_of([&] { interop::config_from_model_args(args); }), "[import]",
                  "model_args has 'n_kv_head', which nanoGPT's GPTConfig lacks: a modified model.py");
 }

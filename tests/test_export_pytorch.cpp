@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "interop/safetensors_export.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
-#include "train/export.h"
 #include "test_files.h"
 
 using namespace nanogpt;
@@ -89,7 +89,7 @@ TEST(ExportPytorch, IndependentForwardPassGivesTheSameLogits) {
     config.norm = c.norm;
     config.rope_base = 100.0;  // every pair turns visibly over 12 positions
     train::LoadedModel loaded = train::load_model(write_checkpoint(config, dir / "ckpt.safetensors"));
-    train::export_safetensors(loaded, dir / "model.safetensors");
+    interop::export_safetensors(loaded, dir / "model.safetensors");
 
     const std::vector<int64_t> ids = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};  // a full block
     std::string ids_arg;

@@ -26,11 +26,11 @@
 
 #include "data/utf8.h"
 #include "data/vocab.h"
+#include "interop/safetensors_export.h"
 #include "model/gpt.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "train/export.h"
 #include "io/safetensors.h"
 #include "test_files.h"
 
@@ -579,7 +579,7 @@ TEST(Export, KeepsTheTrainedDropout) {
   ckpt.save(dir / "ckpt.safetensors");
   const train::LoadedModel loaded = train::load_model(dir / "ckpt.safetensors");
   EXPECT_EQ(loaded.model->config().dropout, 0.0);
-  train::export_safetensors(loaded, dir / "m.safetensors");
+  interop::export_safetensors(loaded, dir / "m.safetensors");
   const auto config = nlohmann::json::parse(io::read_safetensors(dir / "m.safetensors").metadata.at("config"));
   EXPECT_EQ(config.at("dropout").get<double>(), 0.1);
 }

@@ -15,9 +15,9 @@
 #include <string>
 
 #include "data/vocab.h"
+#include "interop/safetensors_export.h"
 #include "model/gpt.h"
 #include "train/checkpoint.h"
-#include "train/export.h"
 #include "io/safetensors.h"
 #include "test_files.h"
 
@@ -321,7 +321,7 @@ TEST(Export, WritesEveryParameterWithConfigAndVocab) {
   loaded.meta.best_val_loss = 1.875;
 
   const std::string path = dir / "model.safetensors";
-  train::export_safetensors(loaded, path);
+  interop::export_safetensors(loaded, path);
   const auto st = io::read_safetensors(path);
 
   const auto params = loaded.model->named_parameters(true);
@@ -372,7 +372,7 @@ TEST(Export, ResolvesKvHeadsAndWritesANonFiniteLossAsNull) {
   config.n_embd = 8;
   loaded.model = model::GPT(config);
   loaded.meta.best_val_loss = std::nan("");
-  train::export_safetensors(loaded, dir / "m.safetensors");
+  interop::export_safetensors(loaded, dir / "m.safetensors");
   const auto st = io::read_safetensors(dir / "m.safetensors");
   EXPECT_EQ(Json::parse(st.metadata.at("config"))["n_kv_head"], 2);
   EXPECT_EQ(st.metadata.at("best_val_loss"), "null");

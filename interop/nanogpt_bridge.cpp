@@ -2,7 +2,7 @@
 // writes: tensors "model:<nanoGPT state_dict key>" and "optimizer:<param id>:exp_avg|exp_avg_sq";
 // metadata "checkpoint" (model_args, model_keys, iter_num, best_val_loss, config, optimizer, tied)
 // and "meta" (itos and stoi as [id, [code points]] pairs), both JSON.
-#include "train/nanogpt_bridge.h"
+#include "interop/nanogpt_bridge.h"
 
 #include <fmt/format.h>
 
@@ -19,6 +19,8 @@
 
 #include "data/batch_sampler.h"
 #include "data/vocab.h"
+#include "interop/nanogpt_config.h"
+#include "interop/nanogpt_layout.h"
 #include "io/atomic_dir.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
@@ -28,10 +30,8 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "train/nanogpt_config.h"
-#include "train/nanogpt_layout.h"
 
-namespace nanogpt::train {
+namespace nanogpt::interop {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -95,8 +95,8 @@ std::vector<std::pair<std::string, torch::Tensor>> parameters_of(model::GPT& gpt
   return params;
 }
 
-FlatAdamW::Options adamw_options(const TrainConfig& config) {
-  FlatAdamW::Options options;
+train::FlatAdamW::Options adamw_options(const train::TrainConfig& config) {
+  train::FlatAdamW::Options options;
   options.weight_decay = config.weight_decay;
   options.beta1 = config.beta1;
   options.beta2 = config.beta2;
@@ -105,7 +105,7 @@ FlatAdamW::Options adamw_options(const TrainConfig& config) {
 
 // A fresh start for what nanoGPT does not save: the batch sampler's and dropout's generators,
 // seeded as a new run with `seed` would seed them.
-void fresh_generators(CheckpointMeta& meta, uint64_t seed) {
+void fresh_generators(train::CheckpointMeta& meta, uint64_t seed) {
   meta.sampler_state = data::BatchSampler(torch::zeros({2}, torch::kInt32), 1, 1, seed).state();
   meta.torch_rng_state = at::make_generator<at::CPUGeneratorImpl>(seed).get_state();
 }
@@ -140,31 +140,32 @@ ImportReport import_nanogpt(const std::string& ckpt_pt, const std::string& meta_
   ImportReport report;
   const model::ModelConfig model_config = config_from_model_args(checkpoint.value("model_args", Json()));
   const NanoVocab vocab = vocab_from_meta(meta, model_config.vocab_size, meta_pkl);
-  const TrainConfig config = train_config_from_nanogpt(checkpoint.value("config", Json()), model_config, out_dir, report.notes);
+  const train::TrainConfig config =
+      train_config_from_nanogpt(checkpoint.value("config", Json()), model_config, out_dir, report.notes);
 
   model::GPT gpt(model_config);
-  FlatAdamW optimizer(parameters_of(gpt), adamw_options(config));
+  train::FlatAdamW optimizer(parameters_of(gpt), adamw_options(config));
   const NanoLayout layout(gpt);
   layout.load_weights(gpt, tensors, vocab.order);
   report.optimizer = layout.load_moments(optimizer, checkpoint.value("optimizer", Json()), tensors, vocab.order, report.notes);
 
-  CheckpointMeta state;
+  train::CheckpointMeta state;
   const Json iter = checkpoint.value("iter_num", Json());
   if (!iter.is_null() && !(iter.is_number_integer() && iter.get<int64_t>() >= 0))
     throw import_error("iter_num (" + iter.dump() + ") is not a non-negative integer");
   state.iter = iter.is_null() ? 0 : iter.get<int64_t>();
   const Json best = checkpoint.value("best_val_loss", Json());
   state.best_val_loss = best.is_number() ? best.get<double>() : 1e9;
-  state.config_yaml = to_yaml(config);
+  state.config_yaml = train::to_yaml(config);
   state.model_config = model_config;
   state.vocab = vocab.vocab;
   fresh_generators(state, static_cast<uint64_t>(config.seed));
   state.eval_done = true;  // nanoGPT saves right after evaluating at iter_num: resume goes on with its step
-  save_checkpoint(staged / kLastCheckpoint, gpt, optimizer, state);
+  train::save_checkpoint(staged / train::kLastCheckpoint, gpt, optimizer, state);
   io::write_bytes_atomically(staged / "config.yaml", state.config_yaml, "import");
   staged.commit();
 
-  report.checkpoint = out_dir + "/" + kLastCheckpoint;
+  report.checkpoint = out_dir + "/" + train::kLastCheckpoint;
   report.config = out_dir + "/config.yaml";
   report.model_config = model_config;
   report.iter = state.iter;
@@ -185,22 +186,22 @@ std::string nanogpt_lacks(const model::ModelConfig& config) {
 }
 
 std::string export_nanogpt(const std::string& checkpoint, const std::string& out_dir, const PythonBridge& bridge) {
-  const CheckpointMeta meta = read_checkpoint_meta(checkpoint);
+  const train::CheckpointMeta meta = train::read_checkpoint_meta(checkpoint);
   meta.vocab.require_char("export", "--format=nanogpt (meta.pkl holds characters)",
                           "--format=safetensors keeps the bpe tokenizer");
   const std::string lacks = nanogpt_lacks(meta.model_config);
   if (!lacks.empty())
     throw export_error("nanoGPT's model.py has no " + lacks + ", so it cannot load this model (learned positions, "
                        "LayerNorm, GELU, a tied head and n_kv_head = n_head only); --format=safetensors exports any model");
-  TrainConfig config;
+  train::TrainConfig config;
   try {
-    config = parse_config(meta.config_yaml, checkpoint);
+    config = train::parse_config(meta.config_yaml, checkpoint);
   } catch (const std::exception&) {  // from another version: the defaults' optimizer settings will do
   }
   io::StagedDir staged(out_dir, "export");
   model::GPT gpt(meta.model_config);
-  FlatAdamW optimizer(parameters_of(gpt), adamw_options(config));
-  load_checkpoint(checkpoint, &gpt, &optimizer);
+  train::FlatAdamW optimizer(parameters_of(gpt), adamw_options(config));
+  train::load_checkpoint(checkpoint, &gpt, &optimizer);
   const NanoLayout layout(gpt);
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
@@ -224,4 +225,4 @@ std::string export_nanogpt(const std::string& checkpoint, const std::string& out
   return nano_config.at("dataset").get<std::string>();
 }
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::interop

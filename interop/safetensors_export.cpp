@@ -1,5 +1,5 @@
-// export_safetensors (see export.h): parameters in fp32 plus everything needed to run them.
-#include "train/export.h"
+// export_safetensors (see safetensors_export.h): parameters in fp32 plus everything needed to run them.
+#include "interop/safetensors_export.h"
 
 #include <fmt/format.h>
 
@@ -11,7 +11,7 @@
 
 #include "io/safetensors.h"
 
-namespace nanogpt::train {
+namespace nanogpt::interop {
 
 using Json = nlohmann::ordered_json;
 
@@ -31,14 +31,14 @@ std::string vocab_json(const data::Vocab& vocab) {
 }
 
 namespace {
-model::ModelConfig trained_config(const LoadedModel& loaded) {
+model::ModelConfig trained_config(const train::LoadedModel& loaded) {
   model::ModelConfig config = loaded.model->config();
   config.dropout = loaded.meta.model_config.dropout;
   return config;
 }
 }  // namespace
 
-void export_safetensors(const LoadedModel& loaded, const std::string& path) {
+void export_safetensors(const train::LoadedModel& loaded, const std::string& path) {
   if (!loaded.model) throw std::runtime_error("[export] no model to export (load a checkpoint first)");
   const model::ModelConfig& config = loaded.model->config();
   if (loaded.vocab.size() != config.vocab_size)
@@ -68,4 +68,4 @@ void export_safetensors(const LoadedModel& loaded, const std::string& path) {
   io::write_safetensors(path, tensors, metadata);
 }
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::interop

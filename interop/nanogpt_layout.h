@@ -1,5 +1,5 @@
-// The one mapping between nanoGPT's tensors and ours, both ways (train/nanogpt_bridge.h moves the
-// files; train/nanogpt_config.h maps the dicts). nanoGPT's names are ours under "transformer." with
+// The one mapping between nanoGPT's tensors and ours, both ways (interop/nanogpt_bridge.h moves the
+// files; interop/nanogpt_config.h maps the dicts). nanoGPT's names are ours under "transformer." with
 // q_proj/k_proj/v_proj as the three row blocks of c_attn; lm_head.weight is wte's; AdamW keeps two
 // moments per nanoGPT parameter (ids: the decayed >= 2-D weights in model order, then the rest),
 // FlatAdamW the same moments flattened into two groups in our parameter order.
@@ -16,7 +16,7 @@
 #include "train/adamw.h"
 #include "train/config.h"
 
-namespace nanogpt::train {
+namespace nanogpt::interop {
 
 constexpr const char* kNanoEmbedding = "transformer.wte.weight";
 constexpr const char* kNanoHead = "lm_head.weight";  // tied: the same tensor as kNanoEmbedding
@@ -40,12 +40,12 @@ class NanoLayout {
   /// Loads AdamW's state (the script's {"param_groups", "steps"} and "optimizer:<id>:<moment>"
   /// tensors) into `optimizer`. Returns false, with the reason in `notes`, when there is none or it
   /// is not two AdamW groups over nanoGPT's parameters; the optimizer then starts fresh.
-  bool load_moments(FlatAdamW& optimizer, const nlohmann::ordered_json& state,
+  bool load_moments(train::FlatAdamW& optimizer, const nlohmann::ordered_json& state,
                     const std::map<std::string, torch::Tensor>& tensors, const torch::Tensor& order,
                     std::vector<std::string>& notes) const;
   /// Appends the optimizer's moments as nanoGPT's ("optimizer:<id>:exp_avg", ...) and returns
   /// {"param_groups", "steps"} for them (lr, betas, weight_decay from `config`).
-  nlohmann::ordered_json save_moments(const FlatAdamW& optimizer, const TrainConfig& config,
+  nlohmann::ordered_json save_moments(const train::FlatAdamW& optimizer, const train::TrainConfig& config,
                                       std::vector<std::pair<std::string, torch::Tensor>>& tensors) const;
 
  private:
@@ -68,4 +68,4 @@ class NanoLayout {
   std::map<std::string, std::vector<int64_t>> nano_shape_;
 };
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::interop

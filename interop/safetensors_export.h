@@ -6,7 +6,7 @@
 
 #include "train/checkpoint.h"
 
-namespace nanogpt::train {
+namespace nanogpt::interop {
 
 /// Identifies our files in the "format" metadata key; bump kExportFormatVersion on any change to
 /// tensor names or metadata meaning.
@@ -24,6 +24,6 @@ std::string vocab_json(const data::Vocab& vocab);
 /// "wte.weight", "h.0.attn.q_proj.weight") to `path` atomically, with metadata: format,
 /// format_version, config, rope_convention ("split_halves"), tied_lm_head ("wte.weight"), vocab,
 /// iter, best_val_loss. Throws std::runtime_error "[export] ..." on failure.
-void export_safetensors(const LoadedModel& loaded, const std::string& path);
+void export_safetensors(const train::LoadedModel& loaded, const std::string& path);
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::interop

@@ -1,5 +1,5 @@
 // nanoGPT's dicts against ours (see nanogpt_config.h).
-#include "train/nanogpt_config.h"
+#include "interop/nanogpt_config.h"
 
 #include <fmt/format.h>
 
@@ -11,10 +11,11 @@
 #include "data/utf8.h"
 #include "io/text.h"
 
-namespace nanogpt::train {
+namespace nanogpt::interop {
 namespace {
 
 using Json = nlohmann::ordered_json;
+using train::TrainConfig;
 
 std::runtime_error import_error(const std::string& what) { return std::runtime_error(io::printable("[import] " + what)); }
 
@@ -192,4 +193,4 @@ Json nanogpt_config_of(const TrainConfig& config, const model::ModelConfig& mode
   return j;
 }
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::interop

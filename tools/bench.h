@@ -10,7 +10,7 @@
 
 #include "train/config.h"
 
-namespace nanogpt::train {
+namespace nanogpt::tools {
 
 struct BenchOptions {
   int64_t iters = 30;           // timed training steps
@@ -48,6 +48,6 @@ struct BenchReport {
 };
 
 /// Runs the benchmark for `config` (data prepared on demand, as in training).
-BenchReport run_bench(TrainConfig config, const BenchOptions& options);
+BenchReport run_bench(train::TrainConfig config, const BenchOptions& options);
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::tools

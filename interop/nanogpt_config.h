@@ -1,4 +1,4 @@
-// nanoGPT's dicts against ours, both ways (train/nanogpt_bridge.h moves the files): model_args
+// nanoGPT's dicts against ours, both ways (interop/nanogpt_bridge.h moves the files): model_args
 // against ModelConfig, meta.pkl's itos against our sorted vocabulary, train.py's config dict
 // against TrainConfig.
 #pragma once
@@ -13,7 +13,7 @@
 #include "model/config.h"
 #include "train/config.h"
 
-namespace nanogpt::train {
+namespace nanogpt::interop {
 
 /// model_args (n_layer, n_head, n_embd, block_size, bias, vocab_size, dropout) as our config:
 /// learned positions, LayerNorm, multi-head attention. Throws "[import] model_args ..." on a
@@ -37,11 +37,11 @@ NanoVocab vocab_from_meta(const nlohmann::ordered_json& meta, int64_t vocab_size
 /// resume, dataset "data/<its dataset>", and every key the two share (learning_rate, max_iters,
 /// batch_size, ...). A key of the wrong type, or a config that does not validate here, is left at
 /// our default and explained in `notes`.
-TrainConfig train_config_from_nanogpt(const nlohmann::ordered_json& config, const model::ModelConfig& model,
-                                      const std::string& out_dir, std::vector<std::string>& notes);
+train::TrainConfig train_config_from_nanogpt(const nlohmann::ordered_json& config, const model::ModelConfig& model,
+                                             const std::string& out_dir, std::vector<std::string>& notes);
 /// The reverse: the shared keys, the architecture's, dataset (the folder's name: sample.py reads
 /// data/<dataset>/meta.pkl) and out_dir.
-nlohmann::ordered_json nanogpt_config_of(const TrainConfig& config, const model::ModelConfig& model,
+nlohmann::ordered_json nanogpt_config_of(const train::TrainConfig& config, const model::ModelConfig& model,
                                          const std::string& out_dir);
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::interop

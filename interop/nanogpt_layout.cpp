@@ -1,5 +1,5 @@
 // The nanoGPT layout mapping (see nanogpt_layout.h).
-#include "train/nanogpt_layout.h"
+#include "interop/nanogpt_layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 
 #include "io/text.h"
 
-namespace nanogpt::train {
+namespace nanogpt::interop {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -118,8 +118,9 @@ void NanoLayout::save_weights(model::GPT& gpt, std::vector<std::pair<std::string
     tensors.emplace_back("model:" + key, assemble(key, [&](const Slot& slot) { return ours.at(slot.ours); }));
 }
 
-bool NanoLayout::load_moments(FlatAdamW& optimizer, const Json& state, const std::map<std::string, torch::Tensor>& tensors,
-                              const torch::Tensor& order, std::vector<std::string>& notes) const {
+bool NanoLayout::load_moments(train::FlatAdamW& optimizer, const Json& state,
+                              const std::map<std::string, torch::Tensor>& tensors, const torch::Tensor& order,
+                              std::vector<std::string>& notes) const {
   auto skip = [&](const std::string& why) {
     notes.push_back("AdamW state not carried over (" + why + "): the optimizer starts afresh");
     return false;
@@ -178,7 +179,7 @@ bool NanoLayout::load_moments(FlatAdamW& optimizer, const Json& state, const std
   return true;
 }
 
-Json NanoLayout::save_moments(const FlatAdamW& optimizer, const TrainConfig& config,
+Json NanoLayout::save_moments(const train::FlatAdamW& optimizer, const train::TrainConfig& config,
                               std::vector<std::pair<std::string, torch::Tensor>>& tensors) const {
   std::map<std::string, torch::Tensor> flat;
   for (const auto& [name, tensor] : optimizer.state()) flat[name] = tensor.to(torch::kCPU, torch::kFloat);
@@ -206,9 +207,9 @@ Json NanoLayout::save_moments(const FlatAdamW& optimizer, const TrainConfig& con
   }
   auto group = [&](const Json& params, double weight_decay) {
     return Json{{"params", params}, {"lr", config.learning_rate}, {"betas", Json::array({config.beta1, config.beta2})},
-                {"eps", FlatAdamW::Options{}.eps}, {"weight_decay", weight_decay}};
+                {"eps", train::FlatAdamW::Options{}.eps}, {"weight_decay", weight_decay}};
   };
   return Json{{"param_groups", Json::array({group(decayed, config.weight_decay), group(rest, 0.0)})}, {"steps", steps}};
 }
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::interop

@@ -1,5 +1,5 @@
 // nanogpt bench (see bench.h).
-#include "train/bench.h"
+#include "tools/bench.h"
 
 #include <fmt/format.h>
 
@@ -20,13 +20,14 @@
 #include "data/batch_sampler.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
-#include "runtime/device.h"
 #include "model/generate.h"
-#include "train/adamw.h"
+#include "runtime/device.h"
 #include "runtime/peak_flops.h"
+#include "train/adamw.h"
+#include "train/grad_scaler.h"
 #include "train/step.h"
 
-namespace nanogpt::train {
+namespace nanogpt::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -48,7 +49,7 @@ double sample_rate(model::GPT& model, int64_t batch, int64_t tokens, bool cache,
 
 }  // namespace
 
-BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
+BenchReport run_bench(train::TrainConfig config, const BenchOptions& options) {
   // Opened first, so that an unwritable path fails now rather than silently after the steps.
   std::ofstream profile_out;
   if (!options.profile_path.empty()) {
@@ -104,18 +105,18 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
           << config.batch_size << "x" << config.gradient_accumulation_steps << " vocab " << V << " ("
           << model->num_params() / 1e6 << "M params, " << config.model.pos_encoding << ")";
   r.config_summary = summary.str();
-  FlatAdamW optimizer(*model, {config.weight_decay, config.beta1, config.beta2, 1e-8});
+  train::FlatAdamW optimizer(*model, {config.weight_decay, config.beta1, config.beta2, 1e-8});
   // Memory-mapped, as the trainer reads it: only the windows drawn are ever read.
   data::BatchSampler sampler(data::map_token_file(config.dataset + "/train.bin",
                                                   {V, meta.train_tokens, meta.train_checksum, config.verify_data}),
                              config.batch_size, config.model.block_size,
                              static_cast<uint64_t>(config.seed));
-  StepOptions step;
+  train::StepOptions step;
   step.gradient_accumulation_steps = config.gradient_accumulation_steps;
   step.grad_clip = config.grad_clip;
   step.autocast_dtype = config.autocast_dtype();
   step.device = device;
-  GradScaler scaler(device, step.autocast_dtype == torch::kHalf);
+  train::GradScaler scaler(device, step.autocast_dtype == torch::kHalf);
   if (scaler.enabled()) step.scaler = &scaler;
   model->train();
   auto next_batch = [&] {
@@ -126,7 +127,7 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
   std::vector<double> ms;
   for (int64_t i = 0; i < options.warmup + options.iters; ++i) {
     const auto t0 = Clock::now();
-    auto loss = train_step(model, optimizer, next_batch, config.learning_rate, step);
+    auto loss = train::train_step(model, optimizer, next_batch, config.learning_rate, step);
     r.final_loss = loss.item<double>() / static_cast<double>(config.gradient_accumulation_steps);  // syncs
     if (i >= options.warmup) ms.push_back(seconds_since(t0) * 1000.0);
   }
@@ -134,7 +135,7 @@ BenchReport run_bench(TrainConfig config, const BenchOptions& options) {
     {
       torch::autograd::profiler::RecordProfile profile(profile_out);  // writes the trace when it ends
       for (int i = 0; i < 3; ++i)
-        train_step(model, optimizer, next_batch, config.learning_rate, step).item<double>();
+        train::train_step(model, optimizer, next_batch, config.learning_rate, step).item<double>();
     }
     profile_out.close();
     if (!profile_out) throw std::runtime_error("[bench] writing the profile '" + options.profile_path + "' failed");
@@ -217,4 +218,4 @@ std::string BenchReport::json() const {
   return report.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::tools

@@ -16,7 +16,7 @@
 
 #include "model/config.h"
 
-namespace nanogpt::train {
+namespace nanogpt::interop {
 
 /// How to run scripts/nanogpt_bridge.py: a Python with torch and safetensors, and the script.
 struct PythonBridge {
@@ -60,4 +60,4 @@ std::string nanogpt_lacks(const model::ModelConfig& config);
 /// Returns that dataset name: nanoGPT's sample.py reads the vocabulary from data/<it>/meta.pkl.
 std::string export_nanogpt(const std::string& checkpoint, const std::string& out_dir, const PythonBridge& bridge);
 
-}  // namespace nanogpt::train
+}  // namespace nanogpt::interop
