@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "runtime/device.h"
+#include "runtime/environment.h"
 #include "runtime/host_memory.h"
 
 namespace nanogpt::cli {
@@ -50,6 +51,7 @@ namespace {
 int main(int argc, char** argv) {
   using namespace nanogpt::cli;
   restart_with_short_openmp_spin(argc, argv);  // first: nothing has happened yet that a restart would redo
+  nanogpt::runtime::set_nccl_defaults();       // before any thread: setenv is not thread-safe
   nanogpt::runtime::retain_freed_memory();  // before any tensor: large activations are reused, not re-faulted
   CLI::App app{"nanogpt: train and sample character-level GPTs (nanoGPT, natively)"};
   app.require_subcommand(1);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 namespace nanogpt::io {
@@ -27,6 +29,24 @@ std::string temp_path_for(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
   return fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
 }
+
+bool all_digits(const std::string& text) {
+  return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// The writer's process id in a name temp_path_for made (`NAME.tmp.PID.N`), or 0 for another name.
+pid_t temp_file_writer(const std::string& name) {
+  const auto counter_dot = name.rfind('.');
+  if (counter_dot == std::string::npos || !all_digits(name.substr(counter_dot + 1))) return 0;
+  const auto pid_dot = name.rfind('.', counter_dot - 1);
+  if (pid_dot == std::string::npos || pid_dot < 4 || name.compare(pid_dot - 4, 4, ".tmp") != 0) return 0;
+  const std::string pid = name.substr(pid_dot + 1, counter_dot - pid_dot - 1);
+  if (!all_digits(pid) || pid.size() > 9) return 0;
+  return static_cast<pid_t>(std::stol(pid));
+}
+
+// Whether process `pid` exists (EPERM: it does, another user's).
+bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 void fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
@@ -87,6 +107,20 @@ void write_bytes_atomically(const std::string& path, std::string_view bytes, std
         if (::close(fd) != 0) throw sys_error("close failed");
       },
       tag);
+}
+
+RemovedTempFiles remove_dead_temp_files(const std::string& dir) {
+  RemovedTempFiles removed;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const pid_t writer = temp_file_writer(entry.path().filename().string());
+    if (writer <= 0 || writer == ::getpid() || process_alive(writer) || !entry.is_regular_file(ec)) continue;
+    const auto bytes = entry.file_size(ec);
+    if (ec || !std::filesystem::remove(entry.path(), ec)) continue;  // gone already, or not ours to remove
+    ++removed.files;
+    removed.bytes += static_cast<int64_t>(bytes);
+  }
+  return removed;
 }
 
 std::string read_file(const std::string& path, std::string_view tag) {

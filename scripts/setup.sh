@@ -86,6 +86,11 @@ if ! "$NANOGPT_PYTHON" -c 'import sentencepiece' 2>/dev/null; then
   "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check sentencepiece ||
     echo "[setup] warning: could not install sentencepiece (offline?): the test that compares with it will skip" >&2
 fi
+# torchrun comes with the torch wheel; the distributed tests skip without it, so a wheel lacking it is an error.
+if [[ ! -x $NANOGPT_TORCHRUN ]]; then
+  echo "[setup] error: no torchrun at $NANOGPT_TORCHRUN (it comes with torch): remove $NANOGPT_VENV and run scripts/setup.sh again" >&2
+  exit 1
+fi
 echo "[setup] torchrun, for several processes: $NANOGPT_TORCHRUN (scripts/env.sh exports it as NANOGPT_TORCHRUN)"
 if ! nvcc --version >/dev/null 2>&1 && ! /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1; then
   echo "[setup] no CUDA toolkit (nvcc): the build will be CPU only; for GPU runs, install the CUDA toolkit of LibTorch's CUDA version above"

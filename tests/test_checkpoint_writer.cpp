@@ -2,7 +2,8 @@
 // the iteration that asked for it, byte for byte what a save on the training thread writes, however
 // the training changes the weights meanwhile; a failed write reaches the training thread as one
 // error; a kill -9 in the middle of a background write leaves the previous checkpoint, loadable, and
-// the resumed run's losses equal an uninterrupted run's bit for bit; scripts/kill_resume.sh passes.
+// the resumed run's losses equal an uninterrupted run's bit for bit, its temporary file removed at
+// the next start; scripts/kill_resume.sh passes.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -25,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "shell.h"
 #include "train/adamw.h"
@@ -108,7 +110,37 @@ std::string temp_file_of(const std::string& target) {
   return "";
 }
 
+// A process id that no process has now: a child's that has exited and been reaped.
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
 }  // namespace
+
+// The temporary files of saves whose process is gone (NAME.tmp.PID.N) are removed; a live writer's,
+// this process's included, and files of other names stay.
+TEST(CheckpointKill, TemporaryFilesOfDeadWritersAreRemoved) {
+  TempDir dir("dead_temp_files");
+  const std::string dead = std::to_string(dead_pid()), self = std::to_string(::getpid());
+  auto file = [&](const std::string& name, size_t bytes) {
+    std::ofstream(dir.path + "/" + name) << std::string(bytes, 'x');
+    return dir.path + "/" + name;
+  };
+  const std::vector<std::string> gone = {file("ckpt_last.safetensors.tmp." + dead + ".0", 1000),
+                                         file("ckpt_best.safetensors.tmp." + dead + ".17", 24)};
+  const std::vector<std::string> kept = {file("ckpt_last.safetensors.tmp." + self + ".3", 5),
+                                         file("config.yaml.tmp." + std::to_string(::getppid()) + ".0", 5),
+                                         file("ckpt_last.safetensors", 5), file("notes.tmp." + dead + ".txt", 5),
+                                         file("ckpt_last.safetensors.tmp." + dead, 5), file("tmp." + dead + ".1", 5)};
+  const auto removed = io::remove_dead_temp_files(dir.path);
+  EXPECT_EQ(removed.files, 2);
+  EXPECT_EQ(removed.bytes, 1024);
+  for (const auto& path : gone) EXPECT_FALSE(fs::exists(path)) << path;
+  for (const auto& path : kept) EXPECT_TRUE(fs::exists(path)) << path;
+}
 
 // The training thread changes every weight and moment right after asking for a background save
 // (which is paused half-way through its write); the file still holds the state at the save, and is
@@ -315,6 +347,9 @@ TEST(CheckpointKill, AKillMidBackgroundWriteLeavesTheLastCheckpointAndResumeIsEx
   auto resumed = start({NANOGPT_BINARY, "train", config, "--out_dir=" + out, "--init_from=resume"}, {}, dir.path + "/resumed");
   ASSERT_EQ(wait_for(resumed), 0) << read_text(resumed.err);
   EXPECT_NE(read_text(resumed.out).find("[ckpt] resumed from " + last + " at iter 10"), std::string::npos) << read_text(resumed.out);
+  // The killed save's temporary file is gone: kills and restarts leave none to pile up.
+  EXPECT_FALSE(fs::exists(temp)) << temp;
+  EXPECT_NE(read_text(resumed.out).find("temporary file"), std::string::npos) << read_text(resumed.out);
   const auto expected = train_losses(dir.path + "/whole/metrics.csv");
   ASSERT_EQ(expected.size(), 40u);
   EXPECT_EQ(train_losses(out + "/metrics.csv"), expected);

@@ -30,6 +30,7 @@
 #include "train/checkpoint.h"
 #include "train/distributed.h"
 #include "train/distributed_backends.h"
+#include "train/run_id.h"
 #include "train_fixture.h"
 
 extern char** environ;
@@ -343,7 +344,7 @@ TEST_F(Distributed, AKilledRankStopsTheOtherWithinTheTimeoutNamingIt) {
 // NCCL on two GPUs: a killed rank, and a frozen one (SIGSTOP: its sockets stay open, so only the
 // timeout can tell), stop the survivor within ddp_timeout and a few seconds, with Gloo's one line.
 // LibTorch's defaults would not: its wait() returns at once and its watchdog aborts the process
-// with a stack dump; the CUDA plugin asks for a blocking wait (runtime/cuda/plugin.cpp).
+// with a stack dump; the program asks for a blocking wait at start-up (runtime/environment.h).
 TEST(DistributedNccl, AKilledOrFrozenRankStopsTheOtherWithinTheTimeoutNamingIt) {
   if (!torch::cuda::is_available() || torch::cuda::device_count() < 2)
     GTEST_SKIP() << "needs two CUDA GPUs (NCCL puts one rank on each)";
@@ -503,6 +504,76 @@ TEST_F(Distributed, TorchrunRestartsTheGroupAndTheRunGoesOnFromItsLastCheckpoint
   const std::string log = read_text(cut + "/train.log");
   EXPECT_NE(log.find("[ckpt] torchrun restarted the workers (restart 1): resuming from"), std::string::npos) << log;
   EXPECT_EQ(train_losses(dir.path + "/whole/metrics.csv"), train_losses(cut + "/metrics.csv")) << "killed at iter " << kill_at;
+}
+
+// torchrun's variables for one process alone: the `restarts`-th start of torchrun launch `launch`.
+std::vector<std::string> lone_worker_env(int restarts, const std::string& launch) {
+  return {"RANK=0", "LOCAL_RANK=0", "WORLD_SIZE=1", "LOCAL_WORLD_SIZE=1", "MASTER_ADDR=127.0.0.1",
+          "MASTER_PORT=" + std::to_string(free_port()), "TORCHELASTIC_RESTART_COUNT=" + std::to_string(restarts),
+          "TORCHELASTIC_RUN_ID=" + launch};
+}
+
+std::string env_prefix(const std::vector<std::string>& env) {
+  std::string prefix = "env";
+  for (const auto& e : env) prefix += " " + e;
+  return prefix + " ";
+}
+
+// A dataset named as in nanoGPT (--dataset=NAME, the folder data/NAME): a restarted group finds
+// its own checkpoint and goes on from it, rather than starting afresh and overwriting it.
+TEST_F(Distributed, ARestartedGroupResumesItsOwnCheckpointOfANamedDataset) {
+  TempDir dir("ddp_restart_named");
+  const auto config = write_config(dir.path, 16);
+  std::filesystem::create_directories(dir.path + "/data/tiny");
+  std::filesystem::copy_file(dir.path + "/data/input.txt", dir.path + "/data/tiny/input.txt");
+  const std::string train = std::string(NANOGPT_BINARY) + " train " + config + " --out_dir=out --dataset=tiny ";
+  const auto first = shell_captured("cd " + dir.path + " && " + env_prefix(lone_worker_env(0, "launch-7")) + train +
+                                        "--max_iters=8",
+                                    dir.path);
+  ASSERT_EQ(first.rc, 0) << first.err;
+  const auto restarted = shell_captured("cd " + dir.path + " && " + env_prefix(lone_worker_env(1, "launch-7")) + train,
+                                        dir.path);
+  ASSERT_EQ(restarted.rc, 0) << restarted.err;
+  const std::string log = read_text(dir.path + "/out/train.log");
+  EXPECT_NE(log.find("torchrun restarted the workers (restart 1): resuming from out/ckpt_last.safetensors"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("[ckpt] resumed from out/ckpt_last.safetensors at iter 8"), std::string::npos) << log;
+  EXPECT_EQ(train::read_checkpoint_meta(dir.path + "/out/" + train::kLastCheckpoint).iter, 16);
+}
+
+// A new run in an older run's out_dir, killed before its first save: its restarted group starts
+// afresh instead of going on from the older run's checkpoint (which, finished, would end the run
+// at once without a step), and its checkpoints carry its own id.
+TEST_F(Distributed, ARestartedGroupNeverResumesAnOlderRunsCheckpoint) {
+  TempDir dir("ddp_restart_older");
+  const auto config = write_config(dir.path, 8);
+  const std::string out = dir.path + "/out";
+  auto older = start(train_args(config, out), {}, dir.path + "/older");
+  ASSERT_EQ(wait_for(older), 0) << read_text(older.err);
+  const std::string older_id = train::read_checkpoint_meta(out + "/" + train::kLastCheckpoint).run_id;
+  ASSERT_FALSE(older_id.empty());
+  std::filesystem::remove(out + "/metrics.csv");  // so that the new run's own rows tell how far it got
+
+  const std::vector<std::string> no_save = {"--max_iters=100000", "--eval_interval=100000"};
+  auto killed = start(train_args(config, out, no_save), lone_worker_env(0, "launch-9"), dir.path + "/killed");
+  ASSERT_TRUE(wait_for_iter(out + "/metrics.csv", 2)) << read_text(killed.err);
+  ::kill(killed.pid, SIGKILL);
+  ASSERT_EQ(wait_for(killed), 128 + SIGKILL);
+  EXPECT_EQ(train::read_checkpoint_meta(out + "/" + train::kLastCheckpoint).run_id, older_id) << "a save happened";
+
+  auto restarted = start(train_args(config, out), lone_worker_env(1, "launch-9"), dir.path + "/restarted");
+  ASSERT_EQ(wait_for(restarted), 0) << read_text(restarted.err);
+  const std::string log = read_text(out + "/train.log");
+  EXPECT_NE(log.find("(restart 1): starting afresh, as '" + out + "/" + train::kLastCheckpoint +
+                     "' was written by another run (run id '" + older_id + "'"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(train_losses(out + "/metrics.csv").size(), 8u) << "the restarted run did not train from iter 0";
+  const auto meta = train::read_checkpoint_meta(out + "/" + train::kLastCheckpoint);
+  EXPECT_EQ(meta.iter, 8);
+  EXPECT_NE(meta.run_id, older_id);
+  EXPECT_EQ(meta.run_id, train::read_run_id(out).id);
 }
 
 // Without a checkpoint of this run, a restarted group starts afresh and says why.

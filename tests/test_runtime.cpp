@@ -1,10 +1,15 @@
 // The process's runtime: one OpenMP runtime (LibTorch's own) shared by LibTorch and our parallel
-// loops, those loops really running on several threads, and the device choice on a machine
-// without a GPU.
+// loops, those loops really running on several threads, the device choice on a machine without a
+// GPU, and the environment changed only at start-up, before any thread.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <regex>
@@ -13,6 +18,7 @@
 #include <thread>
 
 #include "runtime/device.h"
+#include "runtime/environment.h"
 #include "runtime/peak_flops.h"
 #include "model/fast/dropout.h"
 
@@ -135,4 +141,47 @@ TEST(Runtime, TrainingDtypeAutoTakesBf16OnlyWhereItsProductsAreFaster) {
     EXPECT_EQ(chosen, "float32") << rates;
   }
   EXPECT_TRUE(chosen == "float32" || chosen == "bfloat16") << chosen;
+}
+
+// setenv is not thread-safe: the environment changes only in the functions main calls before any
+// thread starts (cli/openmp_env.cpp, runtime/environment.cpp), never in code that runs later, such
+// as the CUDA plugin making an NCCL group.
+TEST(Runtime, OnlyStartUpCodeChangesTheEnvironment) {
+  const std::regex changes(R"(\b(setenv|putenv|unsetenv|clearenv)\s*\()");
+  const std::set<std::string> start_up = {"cli/openmp_env.cpp", "runtime/environment.cpp"};
+  const std::filesystem::path root = NANOGPT_SOURCE_DIR;
+  size_t files = 0;
+  for (const char* area : {"cli", "data", "interop", "io", "model", "runtime", "serve", "train", "viz"}) {
+    if (!std::filesystem::exists(root / area)) continue;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(root / area)) {
+      const auto ext = entry.path().extension();
+      if (ext != ".cpp" && ext != ".h") continue;
+      ++files;
+      const std::string name = std::filesystem::relative(entry.path(), root).string();
+      std::ifstream in(entry.path());
+      std::string line;
+      for (int n = 1; std::getline(in, line); ++n)
+        if (std::regex_search(line, changes) && !start_up.count(name))
+          ADD_FAILURE() << name << ":" << n << " changes the environment after start-up: " << line;
+    }
+  }
+  EXPECT_GT(files, 50u);
+}
+
+// The NCCL defaults, set in a child process (one thread): a value the user set wins.
+TEST(Runtime, NcclDefaultsKeepTheUsersValues) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::unsetenv("TORCH_NCCL_BLOCKING_WAIT");
+    ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3", 1);
+    nanogpt::runtime::set_nccl_defaults();
+    const char* wait = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
+    const char* async = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+    ::_exit(wait && std::string(wait) == "1" && async && std::string(async) == "3" ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "TORCH_NCCL_BLOCKING_WAIT is not 1, or the user's "
+                                                                "TORCH_NCCL_ASYNC_ERROR_HANDLING was replaced";
 }

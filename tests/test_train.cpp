@@ -13,6 +13,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
+#include "train/run_id.h"
 #include "train/step.h"
 #include "train/trainer.h"
 #include "train_fixture.h"
@@ -166,6 +167,29 @@ TEST(Train, ResumeIsBitwiseExact) {
   auto a = train_losses(full.out_dir + "/metrics.csv"), b = train_losses(half.out_dir + "/metrics.csv");
   ASSERT_EQ(a.size(), 20u);
   EXPECT_EQ(a, b);
+}
+
+// A run writes its id to out_dir/run_id and into its checkpoints; --init_from=resume goes on as the
+// same run; a new run in the same out_dir is another.
+TEST(Train, ARunsCheckpointsCarryItsIdAndAResumeKeepsIt) {
+  TempDir dir("run_id");
+  auto c = tiny_config(dir.path);
+  c.max_iters = 10;
+  train::Trainer(c, true).run();
+  const std::string last = c.out_dir + "/" + train::kLastCheckpoint, best = c.out_dir + "/" + train::kBestCheckpoint;
+  const std::string id = train::read_run_id(c.out_dir).id;
+  EXPECT_EQ(id.size(), 16u) << id;
+  EXPECT_EQ(train::read_checkpoint_meta(last).run_id, id);
+  EXPECT_EQ(train::read_checkpoint_meta(best).run_id, id);
+  c.init_from = "resume";
+  c.max_iters = 20;
+  train::Trainer(c, true).run();
+  EXPECT_EQ(train::read_run_id(c.out_dir).id, id);
+  EXPECT_EQ(train::read_checkpoint_meta(last).run_id, id);
+  c.init_from = "scratch";
+  train::Trainer(c, true).run();
+  EXPECT_NE(train::read_run_id(c.out_dir).id, id);
+  EXPECT_EQ(train::read_checkpoint_meta(last).run_id, train::read_run_id(c.out_dir).id);
 }
 
 TEST(Train, ResumingPastLrDecayItersSaysWhichRateItUses) {

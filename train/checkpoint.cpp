@@ -5,8 +5,8 @@
 //             rng.cpu, rng.cuda (when trained on CUDA)          generator states, uint8
 //   metadata  format ("nanogpt-cpp checkpoint"), format_version, iter, best_val_loss, eval_done,
 //             config_yaml, model_config (JSON object), vocab (data::Vocab::serialize),
-//             sampler_state, loss_scale, loss_scale_growth, world_size (all strings, as safetensors wants;
-//             world_size may be absent: 1)
+//             sampler_state, loss_scale, loss_scale_growth, world_size, run_id (all strings, as safetensors
+//             wants; world_size may be absent: 1; run_id may be absent: "")
 // Numbers are written so that they read back bit for bit (JSON's shortest round-trip form).
 #include "train/checkpoint.h"
 
@@ -171,6 +171,7 @@ CheckpointMeta read_meta(io::SafeTensorsReader& reader, const std::string& path)
   meta.loss_scale_growth = stored.integer("loss_scale_growth");
   meta.world_size = stored.has("world_size") ? stored.integer("world_size") : 1;
   if (meta.world_size < 1) throw ckpt_error(path, "world_size below 1");
+  meta.run_id = stored.has("run_id") ? stored.text("run_id") : "";
   meta.model_config = read_model_config(stored, path, reader.file_size());
   try {
     meta.vocab = data::Vocab::deserialize(stored.text("vocab"));
@@ -260,6 +261,7 @@ CheckpointContent checkpoint_content(model::GPT& model, const FlatAdamW& optimiz
       {"loss_scale", number_text(meta.loss_scale)},
       {"loss_scale_growth", std::to_string(meta.loss_scale_growth)},
       {"world_size", std::to_string(meta.world_size)},
+      {"run_id", meta.run_id},
   };
   return content;
 }

@@ -41,6 +41,7 @@ struct CheckpointMeta {
   double loss_scale = 1.0;           // float16: the GradScaler's scale (train/grad_scaler.h); 1 otherwise
   int64_t loss_scale_growth = 0;     // float16: good steps in a row since the scale last changed
   int64_t world_size = 1;            // processes that trained it (torchrun); any number can resume it
+  std::string run_id;                // the run that wrote it (train/run_id.h); "" before run ids
 };
 
 /// A model ready for inference, loaded from a checkpoint.

@@ -90,6 +90,7 @@ LaunchEnv LaunchEnv::from_environment() {
   env.agent_store = env_text("TORCHELASTIC_USE_AGENT_STORE") == "True";
   const std::string restarts = env_text("TORCHELASTIC_RESTART_COUNT");
   env.restart_count = restarts.empty() ? 0 : env_integer("TORCHELASTIC_RESTART_COUNT", 0);
+  env.elastic_run_id = env_text("TORCHELASTIC_RUN_ID");
   return env;
 }
 

@@ -34,6 +34,7 @@ struct LaunchEnv {
   int64_t master_port = 0;
   bool agent_store = false;   // TORCHELASTIC_USE_AGENT_STORE: torchrun's agent hosts the TCPStore
   int64_t restart_count = 0;  // TORCHELASTIC_RESTART_COUNT
+  std::string elastic_run_id; // TORCHELASTIC_RUN_ID: torchrun's --rdzv-id (a fresh uuid with --standalone)
 
   /// Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. None set: one
   /// process. Some set, or a malformed one: throws "[ddp] ..." naming the variable.

@@ -22,6 +22,7 @@
 #include "runtime/device.h"
 #include "runtime/host_memory.h"
 #include "train/logger.h"
+#include "train/run_id.h"
 #include "io/metrics_csv.h"
 #include "runtime/peak_flops.h"
 #include "train/signals.h"
@@ -95,10 +96,17 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (ec) throw std::runtime_error("[train] cannot create out_dir '" + config_.out_dir + "': " + ec.message());
   const std::string last_path = config_.out_dir + "/" + kLastCheckpoint;
 
-  // A worker group that torchrun restarted after a failure (--max-restarts) goes on from the last
-  // complete checkpoint of this run by itself: the steps since it are lost, nothing else.
+  // This run's id: a fresh run draws one; a resumed run keeps its checkpoint's; a worker group that
+  // torchrun restarted after a failure (--max-restarts) reads it back from out_dir and goes on from
+  // the last complete checkpoint of this run by itself: the steps since it are lost, nothing else.
+  // Every rank decides alike from the same files; rank 0's id is the one written.
+  RunId run{new_run_id(), launch_.elastic_run_id};
   if (launch_.restart_count > 0 && config_.init_from == "scratch") {
-    const std::string why = restart_checkpoint_mismatch(last_path);
+    // A run_id file of another launch is an older run's: this one's first start died before writing its own.
+    const RunId recorded = read_run_id(config_.out_dir);
+    const bool recorded_here = !recorded.id.empty() && recorded.launch == run.launch;
+    if (recorded_here) run.id = recorded.id;
+    const std::string why = restart_checkpoint_mismatch(last_path, recorded_here ? run.id : "");
     if (why.empty()) config_.init_from = "resume";
     restart_note_ = why.empty()
                         ? fmt::format("[ckpt] torchrun restarted the workers (restart {}): resuming from {}",
@@ -113,12 +121,22 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
       throw std::runtime_error("[train] --init_from=resume but there is no checkpoint at '" + last_path +
                                "' (train from scratch first, or check out_dir)");
     resume_meta = read_checkpoint_meta(last_path);
+    if (!resume_meta.run_id.empty()) run.id = resume_meta.run_id;  // the run goes on
     config_.set_architecture(resume_meta.model_config);  // the checkpoint decides the architecture
     config_.validate();
   }
+  run_id_ = run.id;
+  if (is_main() && !config_.eval_only) write_run_id(config_.out_dir, run);
+  // Saves that a kill interrupted left their temporary files (as large as a checkpoint): rank 0
+  // removes them, as the one that writes here. An evaluation leaves out_dir alone.
+  io::RemovedTempFiles removed;
+  if (is_main() && !config_.eval_only) removed = io::remove_dead_temp_files(config_.out_dir);
   // Only rank 0 speaks and writes; another rank's errors still reach stderr (cli/main.cpp).
   log_ = is_main() ? make_logger(config_.out_dir + "/train.log", quiet) : make_logger("", true);
   if (!restart_note_.empty()) log_->info("{}", restart_note_);
+  if (removed.files > 0)
+    log_->info("[ckpt] removed {} temporary file{} of interrupted saves from {} ({:.1f} MB)", removed.files,
+               removed.files > 1 ? "s" : "", config_.out_dir, static_cast<double>(removed.bytes) / 1e6);
   if (launch_.launched) {
     group_ = std::make_unique<ProcessGroup>(launch_, device_, config_.backend, std::chrono::seconds(config_.ddp_timeout));
     group_->check_same("config", to_yaml(config_), "start every rank with the same config file and --key=value overrides");
@@ -231,7 +249,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   }
 }
 
-std::string Trainer::restart_checkpoint_mismatch(const std::string& path) const {
+std::string Trainer::restart_checkpoint_mismatch(const std::string& path, const std::string& run_id) const {
   if (!std::filesystem::exists(path)) return fmt::format("as out_dir holds no checkpoint ('{}')", path);
   CheckpointMeta meta;
   try {
@@ -239,20 +257,11 @@ std::string Trainer::restart_checkpoint_mismatch(const std::string& path) const 
   } catch (const std::exception& e) {
     return fmt::format("as '{}' does not load ({})", path, e.what());
   }
-  // This run's checkpoint: the same architecture (the vocabulary comes from the data) and dataset.
-  auto mine = config_.model, theirs = meta.model_config;
-  mine.vocab_size = theirs.vocab_size;
-  mine.dropout = theirs.dropout;
-  if (model::to_json(mine) != model::to_json(theirs))
-    return fmt::format("as '{}' holds another architecture than this config's", path);
-  std::string dataset;
-  try {
-    dataset = parse_config(meta.config_yaml, path).dataset;
-  } catch (const std::exception&) {
-    return fmt::format("as the config inside '{}' does not parse", path);
-  }
-  if (dataset != config_.dataset)
-    return fmt::format("as '{}' was trained on dataset '{}', not '{}'", path, dataset, config_.dataset);
+  if (run_id.empty())
+    return fmt::format("as '{}/{}' names no run of this torchrun launch", config_.out_dir, kRunIdFile);
+  if (meta.run_id != run_id)
+    return fmt::format("as '{}' was written by another run (run id '{}', this run's is '{}')", path, meta.run_id,
+                       run_id);
   return "";
 }
 
@@ -352,6 +361,7 @@ void Trainer::save(const std::vector<std::string>& paths, bool eval_done) {
   meta.loss_scale = scaler_->current_scale();
   meta.loss_scale_growth = scaler_->growth_tracker();
   meta.world_size = world_;
+  meta.run_id = run_id_;
   writer_->save(paths, checkpoint_content(model_, *optimizer_, meta), iter_);  // logs "[ckpt] saved ..."
 }
 

@@ -72,9 +72,9 @@ class Trainer {
   /// Sums the step's loss over the ranks, and agrees on a stop signal (0 = none): a signal seen by any
   /// rank stops every rank after the same step.
   std::pair<double, int> reduce_step(const torch::Tensor& loss_sum);
-  /// Why the checkpoint at `path` cannot carry on this run after torchrun restarted the workers
-  /// (none there, unreadable, another architecture or dataset); "" when it can.
-  std::string restart_checkpoint_mismatch(const std::string& path) const;
+  /// Why the checkpoint at `path` cannot carry on run `run_id` ("" when out_dir names no run of this
+  /// launch) after torchrun restarted the workers (none there, unreadable, another run's); "" when it can.
+  std::string restart_checkpoint_mismatch(const std::string& path, const std::string& run_id) const;
 
   TrainConfig config_;
   torch::Device device_{torch::kCPU};
@@ -93,6 +93,7 @@ class Trainer {
   double best_val_loss_ = 1e9;
   bool resumed_eval_done_ = false;
   std::string restart_note_;  // what a restarted worker group does, logged once the logger exists
+  std::string run_id_;        // this run's (train/run_id.h), kept in its checkpoints
   double peak_flops_ = 0;
   std::function<void(int64_t)> step_hook_;
   // data parallel (torchrun): rank 0 of 1 when launched alone

@@ -5,7 +5,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include <cstdlib>
 #include <stdexcept>
 
 #ifdef NANOGPT_HAVE_NCCL
@@ -32,14 +31,8 @@ void reset_peak_memory(int device) {
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     std::chrono::milliseconds timeout) {
 #ifdef NANOGPT_HAVE_NCCL
-  // LibTorch's defaults leave wait() non-blocking (it only orders the current stream after the
-  // collective) and leave failures to a watchdog thread that kills the process with a stack dump.
-  // A blocking wait instead returns when the all-reduce has finished, so the time spent in it is
-  // measured truly, and throws when it fails or passes `timeout`: the caller's one-line "lost rank N"
-  // message (train/distributed.h). With no asynchronous handling the watchdog does not race it.
-  // A value the user set in the environment wins.
-  ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
-  ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", /*overwrite=*/0);
+  // Blocking waits without asynchronous error handling: the nanogpt program's main set them in the
+  // environment before any thread started (runtime/environment.h says why).
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
