@@ -1,5 +1,6 @@
-// What the AVX-512 intrinsics kernels share (decoder.cpp, decode_attention.cpp, gelu.cpp): 16 values
-// loaded as fp32. x86-64 with GCC-compatible compilers only; callers keep a portable path.
+// What the AVX-512 intrinsics kernels share (matvec.cpp, int4_tiles.cpp, decode_attention.cpp,
+// gelu.cpp): 16 values loaded as fp32. x86-64 with GCC-compatible compilers only; callers keep a
+// portable path.
 #pragma once
 
 #if defined(__x86_64__) && defined(__GNUC__)

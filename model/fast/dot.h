@@ -1,7 +1,7 @@
-// The dot product and matrix-vector product of the hand-written CPU kernels (decode_attention.cpp,
-// decoder.cpp): partial sums in kLanes independent lanes, which the compiler vectorises without
-// reassociating (no -ffast-math), so they run at the vector width of whichever target_clones variant
-// holds them.
+// The dot product and matrix-vector products of the hand-written CPU kernels (decode_attention.cpp,
+// the decoder; defined in matvec.cpp, panels.cpp, int8_rows.cpp and int4_tiles.cpp): partial sums in
+// kLanes independent lanes, which the compiler vectorises without reassociating (no -ffast-math), so
+// they run at the vector width of whichever target_clones variant holds them.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,7 @@ inline float dot(const A* __restrict a, const B* __restrict b, int64_t n) {
 constexpr int64_t kRowBlock = 4;  // matvec_rows: output rows computed together
 
 /// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 and every b < B;
-/// w (rows, cols) row-major. The matrix-vector product of the decoder (defined in decoder.cpp), and
+/// w (rows, cols) row-major. The matrix-vector product of the decoder (defined in matvec.cpp), and
 /// attention's scores (keys · query), in fp32. The second form takes w in bf16 (raw bits) and rounds
 /// x to bf16 first, as autocast rounds a bf16 product's inputs: each product is then exact, and the
 /// sums are fp32 (autocast would round the result to bf16 too; this does not). Both run the widest

@@ -24,7 +24,7 @@ inline uint64_t splitmix64(uint64_t z) {
 // y = x * mask, where the mask of `seed` (see dropout.h) starts at global element `offset`. Each
 // 64-bit hash decides 4 consecutive global elements: its four 16-bit slices, in memory order, are
 // the elements' draws. A block first fills its hashes (64-bit multiplies, vectorised where the CPU has
-// them; by ISA, not CPU model: see decoder.cpp), then reads them as an array of 16-bit draws, one per element, in a loop the compiler
+// them; by ISA, not CPU model: see simd.h), then reads them as an array of 16-bit draws, one per element, in a loop the compiler
 // vectorises too. A chunk that starts mid-word still draws exactly the values the whole tensor would.
 // At the full preset these masks are 13 dropouts and 3 passes of attention weights per layer, 0.5 s
 // of a 2.4 s step as the scalar loop it replaces.
