@@ -49,9 +49,14 @@ void run_serve(ServeArgs a) {
   if (o.port < 0 || o.port > 65535) bad(fmt::format("--port ({}) must be in [0, 65535] (0 = any free port)", o.port));
   for (auto [name, value] : {std::pair{"--parallel", o.parallel}, {"--queue", o.queue}, {"--max_body_bytes", o.max_body_bytes},
                              {"--max_prompt_tokens", o.max_prompt_tokens}, {"--max_tokens", o.max_tokens},
-                             {"--max_n", o.max_n}, {"--max_attention_tokens", o.max_attention_tokens},
+                             {"--max_n", o.max_n}, {"--max_prompts", o.max_prompts}, {"--max_beam", o.max_beam},
+                             {"--max_beam_tokens", o.max_beam_tokens}, {"--max_attention_tokens", o.max_attention_tokens},
                              {"--connections", o.connections}, {"--timeout", o.read_timeout_s}})
     if (value < 1) bad(fmt::format("{} ({}) must be >= 1", name, value));
+  if (o.max_n * o.max_prompts > o.queue)  // else a request within the limits could never be queued
+    bad(fmt::format("--queue ({}) must hold a whole request: --max_n ({}) x --max_prompts ({}) = {} sequences; raise "
+                    "--queue or lower the other two",
+                    o.queue, o.max_n, o.max_prompts, o.max_n * o.max_prompts));
   if (a.quantize != "none" && a.quantize != "int8" && a.quantize != "int4")
     bad("--quantize (" + a.quantize + ") must be none, int8 or int4");
   if (a.dtype != "auto" && a.dtype != "float32" && a.dtype != "bfloat16")
@@ -117,11 +122,17 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api_key_file", a->api_key_file, "Read the API key from this file's first line (keeps it out of `ps`)");
   cmd->add_option("--model_name", o.model_name, "The model's id in /v1/models (default: the checkpoint's folder name)");
   cmd->add_option("--parallel", o.parallel, "Slots: sequences generated together, one batched step per token")->capture_default_str();
-  cmd->add_option("--queue", o.queue, "Sequences that may wait for a slot; beyond it 503 with Retry-After")->capture_default_str();
+  cmd->add_option("--queue", o.queue, "Sequences that may wait for a slot (at least --max_n x --max_prompts); beyond it 503 with Retry-After")->capture_default_str();
   cmd->add_option("--max_body_bytes", o.max_body_bytes, "Largest request body (413 beyond)")->capture_default_str();
   cmd->add_option("--max_prompt_tokens", o.max_prompt_tokens, "Longest prompt, in characters")->capture_default_str();
   cmd->add_option("--max_tokens", o.max_tokens, "Most tokens one request may ask for")->capture_default_str();
   cmd->add_option("--max_n", o.max_n, "Most choices (n) per prompt")->capture_default_str();
+  cmd->add_option("--max_prompts", o.max_prompts, "Most prompts in one request (--max_n x --max_prompts <= --queue)")
+      ->capture_default_str();
+  cmd->add_option("--max_beam", o.max_beam, "Widest beam search (beam)")->capture_default_str();
+  cmd->add_option("--max_beam_tokens", o.max_beam_tokens,
+                  "Most tokens one beam search request may weigh: beam x prompts x max_tokens (it pauses every stream)")
+      ->capture_default_str();
   cmd->add_option("--max_attention_tokens", o.max_attention_tokens,
                   "Longest text POST /v1/attention looks at, in characters (and at most the model's block_size)")
       ->capture_default_str();

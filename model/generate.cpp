@@ -417,16 +417,16 @@ SequenceStepper::Step SequenceStepper::step(const std::vector<Sequence*>& batch)
   }
   logits = (logits.defined() ? logits : torch::stack(rows)).to(torch::kCPU, torch::kFloat).contiguous();  // (B, V)
   const float* p = logits.const_data_ptr<float>();
-  if (!std::all_of(p, p + logits.numel(), [](float v) { return std::isfinite(v); }))
-    throw std::runtime_error(
-        "[sample] the model gave non-finite logits (NaN or inf): its weights are damaged or training diverged "
-        "(check the run's val loss; sample an earlier checkpoint)");
   auto probs = torch::empty_like(logits);  // (B, V)
   const int64_t V = logits.size(1);
+  std::vector<int64_t> non_finite;
   for (int64_t b = 0; b < B; ++b) {  // sampling's case in plain loops on the rows, as filtered_probs
     Sequence& s = *batch[b];
     float* row = probs.data_ptr<float>() + b * V;
-    if (rows_filter(logits, s.options)) {
+    if (!std::all_of(p + b * V, p + (b + 1) * V, [](float v) { return std::isfinite(v); })) {
+      non_finite.push_back(b);  // this row's failure, not the batch's: the others draw as usual
+      std::fill(row, row + V, 0.0f);
+    } else if (rows_filter(logits, s.options)) {
       filter_row(p + b * V, row, V, s.options);
       s.tokens.push_back(draw_from(row, V, s.rng));
     } else {
@@ -434,7 +434,7 @@ SequenceStepper::Step SequenceStepper::step(const std::vector<Sequence*>& batch)
       s.tokens.push_back(draw_token(probs[b], s.rng));
     }
   }
-  return {logits, probs};
+  return {logits, probs, non_finite};
 }
 
 }  // namespace nanogpt::model

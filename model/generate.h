@@ -94,10 +94,12 @@ class SequenceStepper {
   struct Step {
     torch::Tensor logits;  // (B, V) fp32 CPU: the model's, before temperature (for log-probabilities)
     torch::Tensor probs;   // (B, V) fp32 CPU: what each new token was drawn from (after its row's filters)
+    std::vector<int64_t> non_finite;  // rows whose logits held NaN or inf: no token drawn (probs all 0)
   };
   /// Draws one token for each sequence (non-empty) and appends it to its tokens. Throws
-  /// std::invalid_argument for a bad sequence (empty, bad options) and std::runtime_error for
-  /// non-finite logits, as generate().
+  /// std::invalid_argument for a bad sequence (empty, bad options). A sequence whose logits are not
+  /// finite (NaN or inf: damaged weights, or a diverged run) fails alone: it gets no token, its row
+  /// is listed in `non_finite`, and its cache holds a position its tokens lack (drop the sequence).
   Step step(const std::vector<Sequence*>& batch);
 
   /// Packs the decoder's weights now rather than at the first step that needs them (tens of

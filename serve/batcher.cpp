@@ -84,7 +84,7 @@ struct Batcher::Choice {
   std::optional<int64_t> logprobs;
   std::string text;                 // generated so far
   size_t sent = 0;                  // bytes of `text` handed to the job
-  std::vector<TokenInfo> pending;   // tokens of text[sent ..), not yet handed over
+  std::vector<TokenInfo> pending;   // tokens not yet handed over (the first may start before `sent`)
   Clock::time_point arrived, last_token;
 };
 
@@ -117,15 +117,20 @@ int64_t Batcher::queued() const {
   return static_cast<int64_t>(queue_.size()) + task_sequences_;
 }
 
+void Batcher::check_room(int64_t sequences) const {
+  if (stopping_) throw RequestError(503, "the server is shutting down", "", "shutting_down", "server_error");
+  const int64_t waiting = static_cast<int64_t>(queue_.size()) + task_sequences_;
+  if (waiting + sequences > options_.queue)
+    throw RequestError(503,
+                       fmt::format("the queue is full ({} sequences waiting for {} slots, room for {}): retry shortly",
+                                   waiting, options_.parallel, options_.queue),
+                       "", "queue_full", "server_error");
+}
+
 void Batcher::post(Task task, int64_t sequences) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) throw RequestError(503, "the server is shutting down", "", "shutting_down", "server_error");
-    const int64_t waiting = static_cast<int64_t>(queue_.size()) + task_sequences_;
-    if (waiting + sequences > options_.queue)
-      throw RequestError(503, fmt::format("the queue is full ({} sequences waiting for {} slots): retry shortly", waiting,
-                                          options_.parallel),
-                         "", "queue_full", "server_error");
+    check_room(sequences);
     tasks_.emplace_back(std::move(task), sequences);
     task_sequences_ += sequences;
   }
@@ -195,12 +200,7 @@ std::shared_ptr<Job> Batcher::submit(const CompletionRequest& request) {
   job->open_choices_ = static_cast<int64_t>(choices.size());
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) throw RequestError(503, "the server is shutting down", "", "shutting_down", "server_error");
-    if (static_cast<int64_t>(queue_.size() + choices.size()) + task_sequences_ > options_.queue)
-      throw RequestError(503,
-                         fmt::format("the queue is full ({} sequences waiting for {} slots): retry shortly",
-                                     queue_.size(), options_.parallel),
-                         "", "queue_full", "server_error");
+    check_room(static_cast<int64_t>(choices.size()));
     for (auto& c : choices) queue_.push_back(std::move(c));
   }
   wake_.notify_all();
@@ -369,7 +369,7 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
   model::SequenceStepper::Step out;
   try {
     out = stepper.step(batch);
-  } catch (const std::exception& e) {  // the model failed (non-finite logits): every choice of this step ends
+  } catch (const std::exception& e) {  // the step itself failed (out of memory): every choice of this step ends
     for (auto& c : active) {
       c->job->fail(e.what());
       finish(*c, "abort");
@@ -382,12 +382,23 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
   const float* all_logits = out.logits.data_ptr<float>();
   std::vector<int64_t> order(V);
   std::vector<std::unique_ptr<Choice>> still;
+  auto non_finite = out.non_finite.begin();  // rows in order
   for (size_t b = 0; b < active.size(); ++b) {
     Choice& c = *active[b];
+    if (non_finite != out.non_finite.end() && *non_finite == static_cast<int64_t>(b)) {  // this choice alone ends
+      ++non_finite;
+      c.job->fail(fmt::format(
+          "[serve] the model gave non-finite logits (NaN or inf) for choice {} after {} tokens: its weights are damaged "
+          "or training diverged (serve an earlier checkpoint)",
+          c.index, c.generated));
+      finish(c, "abort");
+      continue;
+    }
     const int64_t token = c.seq.tokens.back();
     const float* row = all_logits + b * V;
     TokenInfo info;
     info.text = vocab_.decode_one(token);
+    info.offset = c.text.size();
     // log-softmax at temperature 1 (the model's own log-probability of each token), only when asked:
     // V exps a sequence a step cost more than the rest of this loop (7443 characters: ~75 us)
     const double log_z = c.logprobs ? log_sum_exp(row, V) : 0.0;
@@ -420,11 +431,15 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
       // (a subword tokenizer's byte pieces split characters that its vocabulary lacks).
       until = c.text.size() - std::max(held_back(c.text, c.stop), data::incomplete_utf8_tail(c.text));
     }
-    // The pending tokens that lie wholly before `until` (tokens are whole characters or single
-    // bytes, and a stop string starts on a character's first byte, so `until` falls between tokens).
-    size_t at = c.sent;
+    // The pending tokens that lie wholly before `until`; at a stop string, every one the text has a
+    // part of. A subword piece may hold many characters, so `until` can fall inside a token, and a
+    // token whose text went out in part is handed over with the event that completes it.
+    const bool stopped = stop_at != std::string::npos;
     size_t taken = 0;
-    while (taken < c.pending.size() && at + c.pending[taken].text.size() <= until) at += c.pending[taken++].text.size();
+    for (; taken < c.pending.size(); ++taken) {
+      const TokenInfo& t = c.pending[taken];
+      if (stopped ? t.offset >= until : t.offset + t.text.size() > until) break;
+    }
     event.text = c.text.substr(c.sent, until - c.sent);
     event.tokens.assign(std::make_move_iterator(c.pending.begin()), std::make_move_iterator(c.pending.begin() + taken));
     c.pending.erase(c.pending.begin(), c.pending.begin() + taken);
@@ -435,7 +450,7 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
       metrics_.finished(std::chrono::duration<double>(now - c.arrived).count());
       metrics_.tokens(c.prompt_tokens, c.generated);
     }
-    if (done || !event.text.empty()) c.job->push(std::move(event));
+    if (done || !event.text.empty() || !event.tokens.empty()) c.job->push(std::move(event));
     if (!done) still.push_back(std::move(active[b]));
   }
   active = std::move(still);

@@ -28,12 +28,15 @@ namespace nanogpt::serve {
 /// A generated token with its log-probability under the model (temperature 1) and, when asked,
 /// the likeliest alternatives.
 struct TokenInfo {
-  std::string text;  // its character, UTF-8
+  std::string text;  // its piece: a character, several, or a byte of one (UTF-8 bytes)
+  size_t offset = 0;  // where it starts in its choice's generated text, in bytes (text_offset, the prompt not counted)
   double logprob = 0.0;
   std::vector<std::pair<std::string, double>> top;  // up to `logprobs` alternatives, likeliest first
 };
 
-/// New output of one choice: text (whole characters) and the tokens it came from; `finish` set on
+/// New output of one choice: text (whole characters) and the tokens it came from (a token whose
+/// text straddles two events comes with the second; the last event's tokens may run past the text
+/// when a stop string starts inside a token); `finish` set on
 /// its last event ("stop": a stop string or the end; "length": max_tokens; "abort": the server stopped).
 struct ChoiceEvent {
   int64_t index = 0;
@@ -57,7 +60,8 @@ class Job {
   /// The client went away: its sequences leave their slots at the next step.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
-  /// Set when the model failed on a step this request was in (its choices then end with "abort").
+  /// Set when the model failed for this request: on a step it was in (its choices there end with
+  /// "abort"), or with non-finite logits for one of its choices (that choice alone ends).
   std::string error() const;
 
  private:
@@ -105,6 +109,9 @@ class Batcher {
   /// `abandon` true instead when the server stops first.
   using Task = std::function<void(bool abandon)>;
   void post(Task task, int64_t sequences);  // throws RequestError 503 as submit()
+  /// Throws RequestError 503 unless `sequences` more fit the queue now (and the server is not
+  /// stopping). Called with mutex_ held.
+  void check_room(int64_t sequences) const;
   void beam(const std::shared_ptr<Job>& job, const CompletionRequest& request);
   void loop(std::promise<void>& prepared);  // sets `prepared` once the decoder is packed
   void step(std::vector<std::unique_ptr<Choice>>& active, model::SequenceStepper& stepper);

@@ -13,12 +13,14 @@ struct ServerOptions {
   std::string api_key;              // non-empty: every endpoint but /health needs "Authorization: Bearer KEY"
   std::string model_name = "nanogpt";  // the id /v1/models lists
   int64_t parallel = 8;             // slots: sequences generated together, one batched pass per token
-  int64_t queue = 64;               // sequences waiting for a slot; more gets 503 with Retry-After
+  int64_t queue = 128;              // sequences waiting for a slot; more gets 503 with Retry-After (>= max_n x max_prompts)
   int64_t max_body_bytes = 1 << 20;       // a larger request body gets 413
   int64_t max_prompt_tokens = 8192;       // characters of one prompt
   int64_t max_tokens = 4096;              // the most a request may ask to generate (max_tokens)
   int64_t max_n = 8;                      // choices per prompt (n)
   int64_t max_prompts = 16;               // prompts in one request (a list)
+  int64_t max_beam = 8;                   // beam search's width (beam)
+  int64_t max_beam_tokens = 4096;         // beam x prompts x max_tokens of one beam request: it holds the model's thread
   int64_t max_attention_tokens = 256;     // characters POST /v1/attention looks at (and the model's block_size)
   int64_t connections = 96;               // connections served at once (more wait to be accepted)
   int64_t read_timeout_s = 10;            // a client that sends nothing for this long is dropped

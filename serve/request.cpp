@@ -145,15 +145,22 @@ CompletionRequest parse_completion_request(const std::string& body, const data::
     }
   }
   if (has("beam")) {
-    r.beam = integer(j.at("beam"), "beam", 0, limits.max_n);
+    r.beam = integer(j.at("beam"), "beam", 0, limits.max_beam);
     if (r.beam > 0 && r.n > r.beam)
       bad("n", fmt::format("({}) must be at most beam ({}): the choices are the best beams", r.n, r.beam));
     if (r.beam > 0 && r.logprobs) bad("logprobs", "is not available with beam search (beam): leave it out");
+    // A search runs whole on the model's thread, every stream paused: its work is bounded on its own.
+    const int64_t weighed = r.beam * static_cast<int64_t>(r.prompts.size()) * r.max_tokens;
+    if (weighed > limits.max_beam_tokens)
+      bad("max_tokens", fmt::format("({}) x beam ({}) x {} prompts = {} tokens to search; a beam search weighs at most {} "
+                                    "(the server's --max_beam_tokens): lower max_tokens or beam, or send fewer prompts",
+                                    r.max_tokens, r.beam, r.prompts.size(), weighed, limits.max_beam_tokens));
   }
   if (has("model") && !j.at("model").is_string()) bad("model", "must be a string", "invalid_type");
-  if (static_cast<int64_t>(r.prompts.size()) * r.n > limits.max_n * limits.max_prompts)
-    bad("n", fmt::format("{} prompts x n = {} choices is more than {}", r.prompts.size(), r.n,
-                         limits.max_n * limits.max_prompts));
+  const int64_t sequences = static_cast<int64_t>(r.prompts.size()) * r.n;
+  if (sequences > limits.queue)  // it could never be queued: refused for good, not "retry shortly"
+    bad("n", fmt::format("{} prompts x n ({}) = {} sequences; the server queues at most {} (--queue)", r.prompts.size(), r.n,
+                         sequences, limits.queue));
   return r;
 }
 

@@ -44,7 +44,8 @@ struct CompletionRequest {
   bool echo = false;                          // the prompt before the generated text
   bool stream = false;                        // server-sent events
   /// An extension of OpenAI's fields: beam search of this width (model::beam_search) instead of
-  /// sampling; 0 = off. The n best beams are the choices (n <= beam); temperature, top_k, top_p and
+  /// sampling; 0 = off (at most --max_beam, and beam x prompts x max_tokens at most --max_beam_tokens).
+  /// The n best beams are the choices (n <= beam); temperature, top_k, top_p and
   /// seed do not apply, logprobs is refused. Streamed, each choice arrives whole in one event.
   int64_t beam = 0;
 };

@@ -49,14 +49,14 @@ void send_error(httplib::Response& res, const RequestError& e) {
   res.set_content(json_text(e.body()), "application/json");
 }
 
-json logprobs_json(const std::vector<TokenInfo>& tokens, bool with_top, size_t offset) {
+// `prefix`: the echoed prompt's bytes in front of the generated text (text_offset counts them).
+json logprobs_json(const std::vector<TokenInfo>& tokens, bool with_top, size_t prefix) {
   json out{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
            {"text_offset", json::array()}};
   for (const auto& t : tokens) {
     out["tokens"].push_back(t.text);
     out["token_logprobs"].push_back(t.logprob);
-    out["text_offset"].push_back(offset);
-    offset += t.text.size();
+    out["text_offset"].push_back(prefix + t.offset);
     if (with_top) {
       json top = json::object();
       for (const auto& [text, lp] : t.top) top[text] = lp;
@@ -287,8 +287,9 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
             if (request->echo) text = prompt_of(e.index) + text;
             seen->second = text.size() - e.text.size();
           }
+          const size_t prefix = request->echo ? prompt_of(e.index).size() : 0;
           json choice{{"text", text}, {"index", e.index},
-                      {"logprobs", with_logprobs ? logprobs_json(e.tokens, with_top, seen->second) : json(nullptr)},
+                      {"logprobs", with_logprobs ? logprobs_json(e.tokens, with_top, prefix) : json(nullptr)},
                       {"finish_reason", e.finish ? json(*e.finish) : json(nullptr)}};
           seen->second += e.text.size();
           json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -209,6 +210,74 @@ TEST(Batching, AReaderThatFallsBehindGetsOneEventAChoice) {
   EXPECT_TRUE(events.empty());
 }
 
+// A learned-positions model whose position 10 is NaN: a sequence that reaches it gets non-finite
+// logits, one that stays below it never does (its text is that of the model without the NaN).
+model::GPT model_nan_from_position_10() {
+  auto m = tiny_model("learned");
+  torch::NoGradGuard no_grad;
+  m->named_parameters()["wpe.weight"][10].fill_(std::numeric_limits<float>::quiet_NaN());
+  return m;
+}
+
+// One sequence's non-finite logits fail that sequence alone: the step leaves it without a token and
+// names its row, and the others in the same steps draw what generate() gives them alone.
+TEST(Batching, ASequenceWithNonFiniteLogitsFailsAlone) {
+  auto m = model_nan_from_position_10();
+  model::SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  const std::vector<std::vector<int64_t>> prompts{{1, 2, 3}, {4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}, {15}};
+  model::SequenceStepper stepper(m);
+  std::vector<model::Sequence> seqs(prompts.size());
+  std::vector<model::Sequence*> batch;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    seqs[i].tokens = prompts[i];
+    seqs[i].options = greedy;
+    batch.push_back(&seqs[i]);
+  }
+  const auto first = stepper.step(batch);  // the second prompt reaches position 10
+  EXPECT_EQ(first.non_finite, std::vector<int64_t>{1});
+  EXPECT_EQ(seqs[1].tokens, prompts[1]);
+  batch.erase(batch.begin() + 1);
+  for (int step = 1; step < 6; ++step) EXPECT_TRUE(stepper.step(batch).non_finite.empty()) << "step " << step;
+  EXPECT_EQ(seqs[0].tokens, reference(m, prompts[0], 6, greedy, 0));
+  EXPECT_EQ(seqs[2].tokens, reference(m, prompts[2], 6, greedy, 0));
+}
+
+// Through the batcher: the failing choice ends with "abort" and its request's error; the choices
+// stepped beside it go on to their end with the text they have alone.
+TEST(Batching, AChoiceWithNonFiniteLogitsEndsAloneAndTheOthersFinish) {
+  auto m = model_nan_from_position_10();
+  const auto vocab = data::Vocab::from_text("abcdefghijklmnopqrstuvw");  // the model's 23 tokens
+  serve::ServerOptions options;
+  serve::Metrics metrics;
+  serve::Batcher batcher(m, vocab, options, metrics);
+  // one request, so that its three choices join the same steps
+  const auto request = serve::parse_completion_request(
+      R"({"prompt": ["abc", "defghijklmn", "p"], "max_tokens": 6, "temperature": 0, "logprobs": 0})", vocab, options);
+  auto job = batcher.submit(request);
+  std::vector<std::string> text(3), finish(3);
+  std::vector<serve::ChoiceEvent> events;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (bool more = true; more;) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the choices did not finish";
+    more = job->wait_events(events, std::chrono::milliseconds(100));
+    for (const auto& e : events) {
+      text[e.index] += e.text;
+      if (e.finish) finish[e.index] = *e.finish;
+    }
+  }
+  EXPECT_EQ(finish[1], "abort");
+  EXPECT_NE(job->error().find("non-finite logits"), std::string::npos) << job->error();
+  model::SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  for (size_t i : {0, 2}) {
+    const auto tokens = reference(m, request.prompts[i], 6, greedy, 0);
+    EXPECT_EQ(text[i], vocab.decode(std::vector<int64_t>(tokens.begin() + request.prompts[i].size(), tokens.end())))
+        << "choice " << i;
+    EXPECT_EQ(finish[i], "length") << "choice " << i;
+  }
+}
+
 // ---- Request parsing ----
 
 TEST(RequestParsing, ReadsOpenAIFieldsAndDefaults) {
@@ -278,6 +347,40 @@ TEST(RequestParsing, EachBadFieldIsA400NamingIt) {
       EXPECT_TRUE(b["error"].contains("message") && b["error"].contains("type") && b["error"].contains("code")) << b;
     }
   }
+}
+
+// A request the queue could never hold is refused for good (400 naming --queue), not "retry
+// shortly"; a beam search is bounded on its own (--max_beam, --max_beam_tokens: beam x prompts x
+// max_tokens), since it holds the model's thread while every stream waits.
+TEST(RequestParsing, WhatCouldNeverBeQueuedAndOversizedBeamsAre400) {
+  const auto vocab = data::Vocab::from_text("abc\n");
+  serve::ServerOptions limits;
+  limits.queue = 4;
+  limits.max_beam = 3;
+  limits.max_beam_tokens = 60;
+  const auto refused = [&](const std::string& body) -> serve::RequestError {
+    try {
+      serve::parse_completion_request(body, vocab, limits);
+    } catch (const serve::RequestError& e) {
+      return e;
+    }
+    ADD_FAILURE() << "accepted " << body;
+    return serve::RequestError(0, "");
+  };
+  auto never = refused(R"({"prompt": ["a", "b"], "n": 3})");  // 6 sequences, the queue holds 4
+  EXPECT_EQ(never.status, 400);
+  EXPECT_EQ(never.param, "n");
+  EXPECT_NE(std::string(never.what()).find("6 sequences"), std::string::npos) << never.what();
+  EXPECT_NE(std::string(never.what()).find("--queue"), std::string::npos) << never.what();
+  EXPECT_EQ(serve::parse_completion_request(R"({"prompt": ["a", "b"], "n": 2})", vocab, limits).n, 2);
+
+  EXPECT_EQ(refused(R"({"prompt": "a", "beam": 4})").param, "beam");
+  auto wide = refused(R"({"prompt": ["a", "b"], "beam": 3, "max_tokens": 11})");  // 66 tokens to search
+  EXPECT_EQ(wide.status, 400);
+  EXPECT_EQ(wide.param, "max_tokens");
+  EXPECT_NE(std::string(wide.what()).find("--max_beam_tokens"), std::string::npos) << wide.what();
+  EXPECT_EQ(serve::parse_completion_request(R"({"prompt": ["a", "b"], "beam": 3, "max_tokens": 10})", vocab, limits).beam, 3);
+  EXPECT_EQ(serve::parse_completion_request(R"({"prompt": "a", "max_tokens": 100})", vocab, limits).max_tokens, 100);
 }
 
 TEST(RequestParsing, ApiKeyComparisonIsExact) {
@@ -657,10 +760,19 @@ TEST_F(ServeHttp, BadInputGets4xxNamingTheFieldAndServingGoesOn) {
   EXPECT_EQ(server.terminate(30), 0) << server.log();
 }
 
-// With a key every endpoint but /health (and the page) needs it; a full queue is 503 with Retry-After.
+// With a key every endpoint but /health (and the page) needs it. A full queue is 503 with
+// Retry-After, and the request fits once the queue has room; a queue that could not hold a whole
+// request within the limits (--max_n x --max_prompts) is refused at start-up.
 TEST_F(ServeHttp, ApiKeyAndFullQueue) {
+  // (bounded: a server that starts would serve for ever)
+  const auto small = shell_captured("timeout 60 " + std::string(NANOGPT_BINARY) + " serve --port=0 " + out_dir() + " --queue=2",
+                                    dir_->path);
+  EXPECT_NE(small.rc, 0);
+  EXPECT_NE(small.err.find("--queue (2)"), std::string::npos) << small.err;
+  EXPECT_NE(small.err.find("--max_prompts"), std::string::npos) << small.err;
   std::ofstream(path("key.txt")) << "s3cret\n";
-  ServerProcess server(dir_->path, out_dir() + " --api_key_file=" + path("key.txt") + " --parallel=1 --queue=2");
+  ServerProcess server(dir_->path, out_dir() + " --api_key_file=" + path("key.txt") +
+                                       " --parallel=1 --queue=2 --max_n=2 --max_prompts=1 --max_tokens=100000000");
   ASSERT_GT(server.port(), 0) << server.log();
   EXPECT_EQ(curl("GET", server.url("/health")).status, 200);
   auto refused = curl("GET", server.url("/v1/models"));
@@ -670,10 +782,97 @@ TEST_F(ServeHttp, ApiKeyAndFullQueue) {
   EXPECT_EQ(curl("GET", server.url("/metrics")).status, 401);
   const std::string key = "-H 'Authorization: Bearer s3cret'";
   EXPECT_EQ(curl("GET", server.url("/v1/models"), "", key).status, 200);
-  auto full = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"n", 3}}.dump(), key);
+  const auto metrics_show = [&](const std::string& line) {  // waits until /metrics has `line`
+    for (int i = 0; i < 6000; ++i) {
+      if (curl("GET", server.url("/metrics"), "", key).body.find(line + "\n") != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  // The slot: a stream of hours of tokens, in a curl of its own, stopped below.
+  std::ofstream(path("endless.json")) << json{{"prompt", kPrompt}, {"max_tokens", 100000000}, {"stream", true}}.dump();
+  const auto endless = start({"curl", "-s", "-N", "-o", "/dev/null", "-H", "Authorization: Bearer s3cret", "-H", "Content-Type: application/json",
+                               "--data-binary", "@" + path("endless.json"), server.url("/v1/completions")},
+                              {}, path("endless"));
+  ASSERT_TRUE(metrics_show("nanogpt_busy_slots 1"));
+  auto waiting = std::async(std::launch::async, [&] {  // two sequences: the queue is full
+    return curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"n", 2}, {"max_tokens", 5}}.dump(), key);
+  });
+  ASSERT_TRUE(metrics_show("nanogpt_queue_depth 2"));
+  auto full = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 5}}.dump(), key);
   EXPECT_EQ(full.status, 503) << full.body;
   EXPECT_NE(full.headers.find("Retry-After"), std::string::npos) << full.headers;
+  EXPECT_EQ(json::parse(full.body)["error"]["code"], "queue_full") << full.body;
+  kill(endless.pid, SIGTERM);  // the stream's client hangs up: its slot frees, the waiting request runs
+  wait_for(endless);
+  EXPECT_EQ(waiting.get().status, 200);
   EXPECT_EQ(curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"n", 2}}.dump(), key).status, 200);
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// A subword model's pieces hold several characters, so a stop string can start inside a token:
+// the reply's text ends before it, and its tokens are every one the text has a part of (those of the
+// same request without the stop, up to the one the stop starts in), each text_offset where the token
+// starts; streamed, the events' tokens and offsets are the same and their texts add up to the text.
+TEST_F(ServeHttp, ABpeModelsTokensAndOffsetsFollowTheTextToAStopString) {
+  const std::string d = path("bpe_words");
+  auto c = tiny_config(d);  // tiny Shakespeare
+  c.eval_interval = 20;
+  c.tokenizer = "bpe";
+  c.vocab_size = 400;  // English: pieces of several letters
+  std::ofstream(d + "/bpe.yaml") << train::to_yaml(c);
+  ASSERT_EQ(shell(std::string(NANOGPT_BINARY) + " train " + d + "/bpe.yaml >" + d + "/train.out 2>&1"), 0)
+      << read_text(d + "/train.out");
+  ServerProcess server(d, "--out_dir=" + d + "/out --num_threads=1 --dtype=float32");
+  ASSERT_GT(server.port(), 0) << server.log();
+  int tested = 0;
+  for (int seed = 1; seed <= 5 && tested < 2; ++seed) {
+    json request{{"prompt", "ROMEO:"}, {"max_tokens", 60}, {"temperature", 1.0}, {"seed", seed}, {"logprobs", 1}};
+    const json whole = json::parse(curl("POST", server.url("/v1/completions"), request.dump()).body)["choices"][0];
+    const std::string text = whole["text"];
+    const auto& tokens = whole["logprobs"]["tokens"];
+    // A stop string that starts on the last letter of a piece of several, found nowhere before; in
+    // ASCII text (a byte piece the model drew is U+FFFD in the token list, 3 bytes for its 1).
+    size_t at = 0, k = 0, stop_at = std::string::npos;
+    std::string stop;
+    const auto ascii = [](const std::string& t) { return std::all_of(t.begin(), t.end(), [](char ch) { return ch > 0; }); };
+    for (; k < tokens.size() && stop_at == std::string::npos; at += tokens[k++].get<std::string>().size()) {
+      const size_t size = tokens[k].get<std::string>().size();
+      if (!ascii(tokens[k].get<std::string>())) break;
+      if (size < 2 || at + size + 2 > text.size()) continue;
+      stop = text.substr(at + size - 1, 3);
+      if (ascii(stop) && text.find(stop) == at + size - 1) stop_at = at + size - 1;
+    }
+    if (stop_at == std::string::npos) continue;
+    ++tested;
+    request["stop"] = stop;
+    const json stopped = json::parse(curl("POST", server.url("/v1/completions"), request.dump()).body)["choices"][0];
+    EXPECT_EQ(stopped["text"], text.substr(0, stop_at)) << "stop " << json(stop);
+    EXPECT_EQ(stopped["finish_reason"], "stop");
+    const json expected_tokens(std::vector<json>(tokens.begin(), tokens.begin() + static_cast<int64_t>(k)));
+    const json expected_offsets(std::vector<json>(whole["logprobs"]["text_offset"].begin(),
+                                                  whole["logprobs"]["text_offset"].begin() + static_cast<int64_t>(k)));
+    EXPECT_EQ(stopped["logprobs"]["tokens"], expected_tokens) << "stop " << json(stop);
+    EXPECT_EQ(stopped["logprobs"]["text_offset"], expected_offsets);
+    size_t offset = 0;  // the offsets are where each token starts
+    for (size_t i = 0; i < k; ++i) {
+      EXPECT_EQ(whole["logprobs"]["text_offset"][i], offset) << "token " << i;
+      offset += tokens[i].get<std::string>().size();
+    }
+    const auto ev = streamed_events(server, request);
+    std::string joined;
+    json streamed_tokens = json::array(), streamed_offsets = json::array();
+    for (size_t i = 0; i + 1 < ev.size(); ++i) {
+      const json& choice = ev[i]["choices"][0];
+      joined += choice["text"].get<std::string>();
+      for (const auto& t : choice["logprobs"]["tokens"]) streamed_tokens.push_back(t);
+      for (const auto& o : choice["logprobs"]["text_offset"]) streamed_offsets.push_back(o);
+    }
+    EXPECT_EQ(joined, stopped["text"]);
+    EXPECT_EQ(streamed_tokens, expected_tokens);
+    EXPECT_EQ(streamed_offsets, expected_offsets);
+  }
+  EXPECT_GT(tested, 0) << "no piece of several letters was followed by a stop string found nowhere before it";
   EXPECT_EQ(server.terminate(30), 0) << server.log();
 }
 
