@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <unistd.h>
 
@@ -38,6 +39,22 @@ std::string trimmed(std::string s) {
   return s;
 }
 
+// Raises this process's limit on open descriptors to `needed` (the soft limit is often 1,024),
+// within the hard limit the system sets; one error line when that is too low.
+void allow_descriptors(int64_t needed) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY ||
+      static_cast<int64_t>(limit.rlim_cur) >= needed)
+    return;
+  if (limit.rlim_max != RLIM_INFINITY && static_cast<int64_t>(limit.rlim_max) < needed)
+    throw std::invalid_argument(fmt::format(
+        "[serve] --max_connections needs {} open files and this process may open {} (ulimit -Hn): lower "
+        "--max_connections or raise the limit",
+        needed, static_cast<long long>(limit.rlim_max)));
+  limit.rlim_cur = static_cast<rlim_t>(needed);
+  setrlimit(RLIMIT_NOFILE, &limit);
+}
+
 void run_serve(ServeArgs a) {
   auto bad = [](const std::string& m) { throw std::invalid_argument("[serve] " + m); };
   auto& o = a.server;
@@ -51,7 +68,8 @@ void run_serve(ServeArgs a) {
                              {"--max_prompt_tokens", o.max_prompt_tokens}, {"--max_tokens", o.max_tokens},
                              {"--max_n", o.max_n}, {"--max_prompts", o.max_prompts}, {"--max_beam", o.max_beam},
                              {"--max_beam_tokens", o.max_beam_tokens}, {"--max_attention_tokens", o.max_attention_tokens},
-                             {"--connections", o.connections}, {"--timeout", o.read_timeout_s}})
+                             {"--connections", o.connections}, {"--max_connections", o.max_connections},
+                             {"--timeout", o.read_timeout_s}})
     if (value < 1) bad(fmt::format("{} ({}) must be >= 1", name, value));
   if (o.max_n * o.max_prompts > o.queue)  // else a request within the limits could never be queued
     bad(fmt::format("--queue ({}) must hold a whole request: --max_n ({}) x --max_prompts ({}) = {} sequences; raise "
@@ -64,6 +82,7 @@ void run_serve(ServeArgs a) {
   if (!(o.stream_interval_ms >= 0.0 && o.stream_interval_ms <= 1000.0))
     bad(fmt::format("--stream_interval ({}) must be in [0, 1000] milliseconds (0 = an event a token)", o.stream_interval_ms));
   o.write_timeout_s = o.read_timeout_s;
+  allow_descriptors(o.max_connections + 256);  // each connection holds one, and the program a few hundred
 
   // SIGINT and SIGTERM go to one watcher thread (blocked here, before any thread starts, so every
   // thread inherits the mask): it stops the server, which ends the streams in flight, and main exits 0.
@@ -136,12 +155,21 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max_attention_tokens", o.max_attention_tokens,
                   "Longest text POST /v1/attention looks at, in characters (and at most the model's block_size)")
       ->capture_default_str();
-  cmd->add_option("--connections", o.connections, "Connections served at once (their threads)")->capture_default_str();
+  cmd->add_option("--connections", o.connections, "Requests answered at once (their threads); more wait their turn")
+      ->capture_default_str();
+  cmd->add_option("--max_connections", o.max_connections,
+                  "Connections open at once, idle ones included; more get 503 at once")
+      ->capture_default_str();
+  cmd->add_option("--allowed_hosts", o.allowed_hosts,
+                  "Without an API key, Host names answered besides localhost and the server's address (behind a "
+                  "proxy: its name; * for any)")
+      ->delimiter(',');
   cmd->add_option("--stream_interval", o.stream_interval_ms,
                   "Milliseconds between a stream's events at least: tokens that come faster go together in one "
                   "event (0 = an event a token)")
       ->capture_default_str();
-  cmd->add_option("--timeout", o.read_timeout_s, "Seconds a client may stay silent (reading or writing) before it is dropped")
+  cmd->add_option("--timeout", o.read_timeout_s,
+                  "Seconds a request may take to arrive whole (408 beyond), and a client may take to read an answer")
       ->capture_default_str();
   cmd->add_option("--quantize", a->quantize, "none | int8 | int4: the decoder's weights, as `sample --quantize`")->capture_default_str();
   cmd->add_option("--dtype", a->dtype,
@@ -150,6 +178,7 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--num_threads", a->num_threads, "CPU threads for the model; 0 = all cores")->capture_default_str();
   for (auto* option : cmd->get_options()) option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->get_option("--allowed_hosts")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);  // a list: every one given
   cmd->callback([a] { run_serve(*a); });
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace nanogpt::serve {
 
@@ -22,10 +23,12 @@ struct ServerOptions {
   int64_t max_beam = 8;                   // beam search's width (beam)
   int64_t max_beam_tokens = 4096;         // beam x prompts x max_tokens of one beam request: it holds the model's thread
   int64_t max_attention_tokens = 256;     // characters POST /v1/attention looks at (and the model's block_size)
-  int64_t connections = 96;               // connections served at once (more wait to be accepted)
-  int64_t read_timeout_s = 10;            // a client that sends nothing for this long is dropped
+  int64_t connections = 96;               // requests answered at once (their threads); more wait their turn
+  int64_t max_connections = 1024;         // connections open at once, idle ones included; more get 503 at once
+  int64_t read_timeout_s = 10;            // a request's head and body arrive within this, from its first byte (408)
   int64_t write_timeout_s = 10;           // a client that reads nothing for this long is dropped
   double drain_timeout_s = 5.0;           // on SIGTERM: streams in flight end within this
+  std::vector<std::string> allowed_hosts;  // without an API key: Host headers taken beyond this machine's own ("*": any)
   double stream_interval_ms = 2.0;        // a stream's events at most this often: faster tokens are joined
   bool bf16 = false;                      // the model's products in bfloat16 (CPU autocast, as `sample --dtype=bfloat16`)
 };

@@ -2,7 +2,10 @@
 #include "serve/server.h"
 
 #include <fmt/format.h>
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +19,7 @@
 #include <thread>
 
 #include "serve/batcher.h"
+#include "serve/connections.h"
 #include "serve/metrics.h"
 #include "serve/playground_html.h"
 #include "serve/request.h"
@@ -79,17 +83,134 @@ int64_t unix_time() {
 
 }  // namespace
 
-// cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
-// library): a burst of clients connecting at once overflowed it, and some were reset. Calling
-// listen() again on the bound socket sets a deeper backlog (Linux allows it).
+// The address and port of a socket's end (getsockname / getpeername).
+void socket_address(int sock, bool peer, std::string& ip, int& port) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  ip.clear();
+  port = 0;
+  if ((peer ? ::getpeername(sock, reinterpret_cast<sockaddr*>(&address), &length)
+            : ::getsockname(sock, reinterpret_cast<sockaddr*>(&address), &length)) != 0)
+    return;
+  char text[INET6_ADDRSTRLEN] = "";
+  if (address.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&address);
+    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof text);
+    port = ntohs(a->sin_port);
+  } else if (address.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&address);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof text);
+    port = ntohs(a->sin6_port);
+  }
+  ip = text;
+}
+
+// One whole request, read by the front door (serve/connections.h), as cpp-httplib reads it; the
+// answer goes to the connection's socket.
+class RequestStream : public httplib::Stream {
+ public:
+  RequestStream(int sock, std::string request, time_t write_timeout_s)
+      : sock_(sock), request_(std::move(request)), write_timeout_ms_(static_cast<int>(write_timeout_s * 1000)) {}
+  bool is_readable() const override { return at_ < request_.size(); }
+  bool is_writable() const override {  // false once the client has gone
+    pollfd p{sock_, POLLOUT, 0};
+    return ::poll(&p, 1, write_timeout_ms_) > 0 && (p.revents & POLLOUT) && !client_gone(sock_);
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, request_.size() - at_);
+    std::copy_n(request_.data() + at_, n, ptr);
+    at_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override { return ::send(sock_, ptr, size, MSG_NOSIGNAL); }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { socket_address(sock_, true, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { socket_address(sock_, false, ip, port); }
+  // cpp-httplib asks for it only to refuse descriptors past select()'s FD_SETSIZE (1,024), and
+  // this stream never selects: it polls. A connection past that count is answered as the others.
+  socket_t socket() const override { return -1; }
+
+ private:
+  int sock_;
+  std::string request_;
+  size_t at_ = 0;
+  int write_timeout_ms_;
+};
+
+// cpp-httplib's server, its connections handed to the front door as they are accepted, and each
+// whole request it reads answered by cpp-httplib's own parsing and routing.
 class Listener : public httplib::Server {
  public:
+  // cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+  // library): a burst of clients connecting at once overflowed it, and some were reset. Calling
+  // listen() again on the bound socket sets a deeper backlog (Linux allows it).
   void deepen_backlog(int backlog) { ::listen(svr_sock_, backlog); }
+  /// Answers one request; whether the connection stays open.
+  bool answer(httplib::Stream& request) {
+    bool closed = false;
+    return process_request(request, /*close_connection=*/false, closed, nullptr) && !closed;
+  }
+  Connections* front_door = nullptr;
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    front_door->add(sock);
+    return true;
+  }
 };
+
+// The accepting thread's task queue: a connection goes to the front door at once; shutting down
+// (the server stopping) waits for the requests being answered.
+class FrontDoorQueue : public httplib::TaskQueue {
+ public:
+  explicit FrontDoorQueue(Connections& door) : door_(door) {}
+  void enqueue(std::function<void()> fn) override { fn(); }
+  void shutdown() override { door_.shutdown(); }
+
+ private:
+  Connections& door_;
+};
+
+// A Host header's name without its port ("[::1]:8080" -> "::1").
+std::string host_name(const std::string& host) {
+  if (!host.empty() && host.front() == '[') return host.substr(1, host.find(']') - 1);
+  return host.substr(0, host.find(':'));
+}
+
+// The media type of a Content-Type header, lower case, without parameters.
+std::string media_type(const std::string& content_type) {
+  std::string type = content_type.substr(0, content_type.find(';'));
+  type.erase(std::remove(type.begin(), type.end(), ' '), type.end());
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::tolower(c); });
+  return type;
+}
+
+ConnectionLimits connection_limits(const ServerOptions& o) {
+  ConnectionLimits limits;
+  limits.max_connections = o.max_connections;
+  limits.workers = std::max<int64_t>(2, o.connections);
+  limits.max_body_bytes = static_cast<size_t>(o.max_body_bytes);
+  limits.request_timeout = std::chrono::milliseconds(o.read_timeout_s * 1000);
+  return limits;
+}
 
 struct Server::Impl {
   Impl(model::GPT& model, const data::Vocab& v, const ServerOptions& o, model::Quantize q)
-      : model(model), vocab(v), options(o), batcher(model, v, o, metrics, q) {}
+      : model(model),
+        vocab(v),
+        options(o),
+        batcher(model, v, o, metrics, q),
+        front_door(
+            connection_limits(o),
+            [this](int sock, std::string request) {
+              RequestStream stream(sock, std::move(request), options.write_timeout_s);
+              return http.answer(stream);
+            },
+            [](int status, const std::string& message, const std::string& code) {
+              return json_text(RequestError(status, message, "", code).body());
+            },
+            [this](int status) { metrics.request(status); }) {
+    http.front_door = &front_door;
+  }
 
   model::GPT& model;
   const data::Vocab& vocab;
@@ -97,23 +218,41 @@ struct Server::Impl {
   Metrics metrics;
   Batcher batcher;
   Listener http;
+  Connections front_door;  // after http: its workers answer through it, and end first
   std::atomic<int64_t> open_streams{0};
   std::atomic<bool> stopping{false};
 
   void routes();
+  bool host_allowed(const httplib::Request& req) const;
   void completions(const httplib::Request& req, httplib::Response& res);
   void attention(const httplib::Request& req, httplib::Response& res);
 };
 
 void Server::Impl::routes() {
-  const size_t threads = static_cast<size_t>(std::max<int64_t>(2, options.connections));
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.new_task_queue = [this] { return new FrontDoorQueue(front_door); };
   http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
   http.set_read_timeout(options.read_timeout_s, 0);
   http.set_write_timeout(options.write_timeout_s, 0);
   http.set_keep_alive_timeout(5);
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!host_allowed(req)) {
+      send_error(res, RequestError(403,
+                                   fmt::format("the Host header ({}) names another server: without an API key this "
+                                               "one answers only to its own address and localhost (--allowed_hosts "
+                                               "adds names, e.g. behind a proxy)",
+                                               req.get_header_value("Host")),
+                                   "", "host_not_allowed", "permission_error"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (req.method == "POST" && media_type(req.get_header_value("Content-Type")) != "application/json") {
+      send_error(res, RequestError(415,
+                                   fmt::format("the body must be JSON, sent with the header 'Content-Type: "
+                                               "application/json' (got '{}')",
+                                               req.get_header_value("Content-Type")),
+                                   "", "unsupported_media_type"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     // The page itself holds no data (its requests carry the key); /health is for probes.
     if (options.api_key.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET"))
       return httplib::Server::HandlerResponse::Unhandled;
@@ -186,6 +325,17 @@ void Server::Impl::routes() {
   http.Post("/v1/attention", [this](const httplib::Request& req, httplib::Response& res) { attention(req, res); });
 }
 
+// A browser on a page of another site can reach a server on this machine through a name that
+// resolves here (DNS rebinding): without an API key, only this machine's own names are answered.
+bool Server::Impl::host_allowed(const httplib::Request& req) const {
+  if (!options.api_key.empty() || !req.has_header("Host")) return true;  // (HTTP/1.0 clients send none)
+  const std::string name = host_name(req.get_header_value("Host"));
+  if (name == "localhost" || name == "127.0.0.1" || name == "::1" || name == req.local_addr || name == options.host)
+    return true;
+  return std::any_of(options.allowed_hosts.begin(), options.allowed_hosts.end(),
+                     [&](const std::string& allowed) { return allowed == "*" || allowed == name; });
+}
+
 // Every head's attention weights over a text (the attention explorer's data, viz/attention_explorer.h):
 // one forward pass on the model's thread, between two decode steps.
 void Server::Impl::attention(const httplib::Request& req, httplib::Response& res) {
@@ -233,8 +383,10 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     int64_t completion_tokens = 0, prompt_tokens = 0;
     for (const auto& p : request->prompts) prompt_tokens += static_cast<int64_t>(p.size()) * request->n;
     std::vector<ChoiceEvent> events;
+    const int connection = current_connection();
     for (bool more = true; more;) {
       more = job->wait_events(events, std::chrono::milliseconds(100));
+      if (more && client_gone(connection)) job->cancel();  // its choices leave their slots at the next step
       for (auto& e : events) {
         texts[e.index] += e.text;
         for (auto& t : e.tokens) tokens[e.index].push_back(std::move(t));

@@ -6,13 +6,17 @@
 // beam search and attention weights against the library, a short load test that leaks nothing,
 // SIGTERM ending the streams in flight, and the playground in headless Chromium. Loopback only, on
 // ports the system picks.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -419,6 +423,7 @@ class ServerProcess {
     }
   }
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
   std::string log() const { return read_text(log_); }
   /// SIGTERM, then its exit status (waits up to `seconds`; -1 if still running).
@@ -876,18 +881,20 @@ TEST_F(ServeHttp, ABpeModelsTokensAndOffsetsFollowTheTextToAStopString) {
   EXPECT_EQ(server.terminate(30), 0) << server.log();
 }
 
-// A client that hangs up mid-stream frees its slot: with one slot, the next request is served at once.
+// A client that hangs up, streamed or not, frees its slot: with one slot, the next request is served at once.
 TEST_F(ServeHttp, ClientHangingUpFreesItsSlot) {
   ServerProcess server(dir_->path, out_dir() + " --parallel=1 --max_tokens=100000000");
   ASSERT_GT(server.port(), 0) << server.log();
-  // hours of tokens, cut after a second by curl's --max-time
-  curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 100000000}, {"stream", true}}.dump(),
-       "-N --max-time 1");
-  const auto t0 = std::chrono::steady_clock::now();
-  auto next = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 5}}.dump(),
-                   "--max-time 60");
-  EXPECT_EQ(next.status, 200) << next.body;
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  for (const bool stream : {true, false}) {
+    // hours of tokens, cut after a second by curl's --max-time
+    curl("POST", server.url("/v1/completions"),
+         json{{"prompt", kPrompt}, {"max_tokens", 100000000}, {"stream", stream}}.dump(), "-N --max-time 1");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto next = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 5}}.dump(),
+                     "--max-time 60");
+    EXPECT_EQ(next.status, 200) << (stream ? "streamed: " : "not streamed: ") << next.body;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  }
   auto metrics = curl("GET", server.url("/metrics")).body;
   EXPECT_NE(metrics.find("nanogpt_busy_slots 0"), std::string::npos) << metrics;
   EXPECT_EQ(server.terminate(30), 0) << server.log();
@@ -1115,3 +1122,206 @@ TEST_F(ServeHttp, PlaygroundStreamsShadesBeamsAndExploresAttention) {
 }
 
 }  // namespace
+
+// ---- The front door: what no client can make the server do ----
+
+// A connection to 127.0.0.1:port with send and receive timeouts of `seconds`; -1 when refused.
+int connect_to(int port, double seconds = 10.0) {
+  const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{static_cast<time_t>(seconds), static_cast<suseconds_t>((seconds - static_cast<time_t>(seconds)) * 1e6)};
+  setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(sock, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    ::close(sock);
+    return -1;
+  }
+  return sock;
+}
+
+// What the server sends on `sock` until it closes the connection or stays silent for the socket's timeout.
+std::string read_reply(int sock) {
+  std::string reply;
+  char buffer[4096];
+  for (ssize_t n; (n = ::recv(sock, buffer, sizeof buffer, 0)) > 0;) reply.append(buffer, static_cast<size_t>(n));
+  return reply;
+}
+
+// Sends `head`, then `filler` again and again until `bytes` are sent or the server stops taking them;
+// then the reply.
+std::string send_raw(int port, const std::string& head, const std::string& filler, size_t bytes) {
+  const int sock = connect_to(port);
+  if (sock < 0) return "";
+  bool open = ::send(sock, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size());
+  for (size_t sent = 0; open && sent < bytes; sent += filler.size())
+    open = ::send(sock, filler.data(), filler.size(), MSG_NOSIGNAL) > 0;
+  const std::string reply = read_reply(sock);
+  ::close(sock);
+  return reply;
+}
+
+// The server's peak resident memory so far (VmHWM), in MB.
+double peak_rss_mb(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return -1.0;
+}
+
+// Bodies and headers that cannot be bounded before they are read are refused unread: a 200 MB
+// chunked body (411), a gzip bomb that inflates to 400 MB (415), a 50 MB header line (431), a POST
+// without a length (411), a length past --max_body_bytes (413). Each answer is JSON; the server's
+// peak memory stays within 64 MB of where it was, and it keeps answering.
+TEST_F(ServeHttp, BodiesThatCannotBeBoundedAreRefusedUnread) {
+  ServerProcess server(dir_->path, out_dir());
+  ASSERT_GT(server.port(), 0) << server.log();
+  ASSERT_EQ(curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 5}}.dump()).status, 200);
+  const double before = peak_rss_mb(server.pid());
+  ASSERT_GT(before, 0.0);
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n";
+  const std::string chunk = "4000\r\n" + std::string(0x4000, ' ') + "\r\n";
+  const auto expect_refusal = [&](const std::string& reply, int status, const std::string& code) {
+    EXPECT_EQ(reply.rfind("HTTP/1.1 " + std::to_string(status), 0), 0u) << reply.substr(0, 300);
+    const size_t body = reply.find("\r\n\r\n");
+    ASSERT_NE(body, std::string::npos) << reply.substr(0, 300);
+    const json e = json::parse(reply.substr(body + 4), nullptr, false);
+    ASSERT_FALSE(e.is_discarded()) << reply.substr(0, 300);
+    EXPECT_EQ(e["error"]["code"], code) << reply.substr(0, 300);
+    EXPECT_LT(peak_rss_mb(server.pid()), before + 64.0) << code;
+    EXPECT_EQ(curl("GET", server.url("/health")).status, 200) << "after " << code;
+  };
+  expect_refusal(send_raw(server.port(), post + "Transfer-Encoding: chunked\r\n\r\n", chunk, 200u << 20), 411,
+                 "length_required");
+  ASSERT_EQ(shell("head -c 400000000 /dev/zero | gzip -1 >" + path("bomb.gz")), 0);
+  const std::string bomb = read_text(path("bomb.gz"));
+  expect_refusal(send_raw(server.port(),
+                          post + "Content-Encoding: gzip\r\nContent-Length: " + std::to_string(bomb.size()) + "\r\n\r\n" + bomb,
+                          "", 0),
+                 415, "unsupported_encoding");
+  expect_refusal(send_raw(server.port(), "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: ", std::string(1 << 16, 'a'),
+                          50u << 20),
+                 431, "headers_too_large");
+  expect_refusal(send_raw(server.port(), post + "\r\n{\"prompt\": \"x\"}", "", 0), 411, "length_required");
+  expect_refusal(send_raw(server.port(), post + "Content-Length: 1000000000\r\n\r\n", "", 0), 413, "body_too_large");
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// Slow clients hold no thread: with two of them, 200 clients each sending a request a byte every
+// half second leave /health answering at once; each of them gets 408 once --timeout has passed since
+// its first byte. Connections past --max_connections get 503 at once, and are taken again once
+// others close.
+TEST_F(ServeHttp, TricklingClientsAndManyConnectionsLeaveTheServerAnswering) {
+  ServerProcess server(dir_->path, out_dir() + " --connections=2 --timeout=3");
+  ASSERT_GT(server.port(), 0) << server.log();
+  std::vector<int> slow;
+  for (int i = 0; i < 200; ++i) {
+    const int sock = connect_to(server.port());
+    ASSERT_GE(sock, 0);
+    slow.push_back(sock);
+  }
+  std::atomic<bool> trickling{true};
+  std::thread trickle([&] {
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    for (size_t at = 0; trickling && at < request.size(); ++at) {
+      for (int sock : slow) ::send(sock, &request[at], 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  for (int i = 0; i < 3; ++i) {
+    const auto health = curl("GET", server.url("/health"), "", "--max-time 2");
+    EXPECT_EQ(health.status, 200) << health.body;
+  }
+  trickling = false;
+  trickle.join();
+  for (int sock : {slow.front(), slow.back()}) {
+    const std::string reply = read_reply(sock);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 408", 0), 0u) << reply;
+  }
+  for (int sock : slow) ::close(sock);
+
+  ServerProcess capped(dir_->path, out_dir() + " --max_connections=3");
+  ASSERT_GT(capped.port(), 0) << capped.log();
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) idle.push_back(connect_to(capped.port()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto refused = curl("GET", capped.url("/health"));
+  EXPECT_EQ(refused.status, 503) << refused.body;
+  EXPECT_NE(refused.headers.find("Retry-After"), std::string::npos) << refused.headers;
+  EXPECT_EQ(json::parse(refused.body, nullptr, false)["error"]["code"], "too_many_connections") << refused.body;
+  for (int sock : idle) ::close(sock);
+  int status = 0;
+  for (int i = 0; i < 50 && status != 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    status = curl("GET", capped.url("/health")).status;
+  }
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+  EXPECT_EQ(capped.terminate(30), 0) << capped.log();
+}
+
+// A POST body is JSON, said so by its Content-Type (415 otherwise: curl's -d alone sends a form);
+// without an API key the server answers only to its own names (a page elsewhere cannot reach it
+// through a name of its own that resolves here), unless --allowed_hosts names them.
+TEST_F(ServeHttp, JsonBodiesAndOwnHostNamesOnly) {
+  ServerProcess server(dir_->path, out_dir() + " --allowed_hosts=proxy.example,other.example");
+  ASSERT_GT(server.port(), 0) << server.log();
+  const std::string request = json{{"prompt", kPrompt}, {"max_tokens", 3}}.dump();
+  std::ofstream(path("form.req")) << request;
+  const auto form = curl("POST", server.url("/v1/completions"), "", "--data-binary @" + path("form.req"));
+  EXPECT_EQ(form.status, 415) << form.body;
+  EXPECT_EQ(json::parse(form.body, nullptr, false)["error"]["code"], "unsupported_media_type") << form.body;
+  EXPECT_EQ(curl("POST", server.url("/v1/completions"), request, "-H 'Content-Type: application/json; charset=utf-8'").status,
+            200);
+  const auto rebound = curl("GET", server.url("/v1/models"), "", "-H 'Host: attacker.example:8080'");
+  EXPECT_EQ(rebound.status, 403) << rebound.body;
+  EXPECT_EQ(json::parse(rebound.body, nullptr, false)["error"]["code"], "host_not_allowed") << rebound.body;
+  EXPECT_EQ(curl("GET", server.url("/v1/models"), "", "-H 'Host: localhost:8080'").status, 200);
+  EXPECT_EQ(curl("GET", server.url("/v1/models"), "", "-H 'Host: other.example'").status, 200);
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+
+  std::ofstream(path("host_key.txt")) << "k\n";
+  ServerProcess keyed(dir_->path, out_dir() + " --api_key_file=" + path("host_key.txt"));
+  ASSERT_GT(keyed.port(), 0) << keyed.log();
+  EXPECT_EQ(curl("GET", keyed.url("/v1/models"), "", "-H 'Host: any.example' -H 'Authorization: Bearer k'").status, 200);
+  EXPECT_EQ(keyed.terminate(30), 0) << keyed.log();
+}
+
+// The curl lines of the README and of docs/serving.md run as written, but for the port, against a
+// server of a small Shakespeare model: each exits 0 with an HTTP success (curl's `fail` option,
+// from a .curlrc of the test's own), the key line included (a server without a key ignores one).
+TEST_F(ServeHttp, TheDocumentedCurlLinesRunAsWritten) {
+  const std::string dir = path("docs");
+  auto c = tiny_config(dir);
+  c.model.block_size = 64;  // the attention example's text is 20 characters
+  std::ofstream(dir + "/shakespeare.yaml") << train::to_yaml(c);
+  ASSERT_EQ(shell(std::string(NANOGPT_BINARY) + " train " + dir + "/shakespeare.yaml >" + dir + "/train.out 2>&1"), 0)
+      << read_text(dir + "/train.out");
+  ServerProcess server(dir, "--out_dir=" + c.out_dir + " --num_threads=1");
+  ASSERT_GT(server.port(), 0) << server.log();
+  std::ofstream(dir + "/.curlrc") << "fail\n";
+  std::ofstream(dir + "/key.txt") << "any\n";
+  size_t ran = 0;
+  for (const std::string doc : {"README.md", "docs/serving.md"}) {
+    std::istringstream lines(read_text(std::string(NANOGPT_SOURCE_DIR) + "/" + doc));
+    bool in_sh = false;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("```", 0) == 0) in_sh = !in_sh && line == "```sh";
+      if (!in_sh || line.rfind("curl ", 0) != 0) continue;
+      for (std::string more; !line.empty() && line.back() == '\\' && std::getline(lines, more);) line.back() = ' ', line += more;
+      const std::string written = line;
+      for (const std::string address : {"localhost:8080", "127.0.0.1:8080"})
+        for (size_t at; (at = line.find(address)) != std::string::npos;)
+          line.replace(at, address.size(), "127.0.0.1:" + std::to_string(server.port()));
+      const int rc = shell("cd " + dir + " && CURL_HOME=" + dir + " " + line + " >" + dir + "/curl.out 2>&1");
+      EXPECT_EQ(rc, 0) << doc << ": " << written << "\n" << read_text(dir + "/curl.out");
+      ++ran;
+    }
+  }
+  EXPECT_GE(ran, 6u) << "the docs lost their curl lines";
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
