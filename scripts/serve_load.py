@@ -195,7 +195,7 @@ def main():
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of the same load before the baseline")
     p.add_argument("--clients", type=int, default=24)
     p.add_argument("--parallel", type=int, default=8)
-    p.add_argument("--queue", type=int, default=64)
+    p.add_argument("--queue", type=int, default=128)
     p.add_argument("--timeout", type=int, default=5, help="the server's --timeout (slow and idle clients are dropped after it)")
     p.add_argument("--rss_tolerance", type=float, default=0.10, help="resident memory after / after warm-up - 1, at most")
     p.add_argument("--no_rss", action="store_true", help="skip the resident-memory check (short runs)")
