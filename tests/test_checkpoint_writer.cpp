@@ -268,7 +268,7 @@ TEST(CheckpointWriter, ALastSaveThatFailsInTheBackgroundFailsTheRun) {
 }
 
 // A trainer that saves in the background and one that saves on its own thread write the same
-// checkpoints (but for the key that says which), and the same losses.
+// checkpoints (but for the key that says which, and each run's id), and the same losses.
 TEST(CheckpointWriter, TrainingWritesTheSameCheckpointInTheBackgroundOrNot) {
   TempDir dir("ckpt_writer_trainer");
   std::vector<io::SafeTensors> files;
@@ -295,7 +295,7 @@ TEST(CheckpointWriter, TrainingWritesTheSameCheckpointInTheBackgroundOrNot) {
     EXPECT_TRUE(torch::equal(files[0].tensors[i].second, files[1].tensors[i].second)) << files[0].tensors[i].first;
   }
   for (const auto& [key, value] : files[0].metadata)
-    if (key != "config_yaml") {
+    if (key != "config_yaml" && key != "run_id") {  // (each run has its own id)
       EXPECT_EQ(value, files[1].metadata.at(key)) << key;
     }
 }
