@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <map>
+#include <set>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -416,12 +416,12 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
   // Streaming: one `data: {...}` event per batch of new text, a last one per choice with its
   // finish_reason, then `data: [DONE]`. The provider runs on this connection's thread.
   ++open_streams;
-  auto offsets = std::make_shared<std::map<int64_t, size_t>>();  // text_offset so far, per choice
+  auto started = std::make_shared<std::set<int64_t>>();  // the choices whose first event has gone
   auto last_write = std::make_shared<std::chrono::steady_clock::time_point>();  // the first event goes at once
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, job, id, created, with_logprobs, with_top, request, prompt_of, offsets, last_write](size_t,
+      [this, job, id, created, with_logprobs, with_top, request, prompt_of, started, last_write](size_t,
                                                                                                   httplib::DataSink& sink) {
         // Events at most every --stream_interval milliseconds: tokens that come faster are joined
         // (Job::wait_events), so a fast model does not cost its client a read and a parse a token.
@@ -433,17 +433,12 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
         if (!events.empty()) *last_write = std::chrono::steady_clock::now();
         for (auto& e : events) {
           std::string text = e.text;
-          auto seen = offsets->find(e.index);
-          if (seen == offsets->end()) {  // the choice's first event: the echoed prompt in front
-            seen = offsets->emplace(e.index, 0).first;
-            if (request->echo) text = prompt_of(e.index) + text;
-            seen->second = text.size() - e.text.size();
-          }
+          if (started->insert(e.index).second && request->echo)  // the choice's first event: the echoed prompt in front
+            text = prompt_of(e.index) + text;
           const size_t prefix = request->echo ? prompt_of(e.index).size() : 0;
           json choice{{"text", text}, {"index", e.index},
                       {"logprobs", with_logprobs ? logprobs_json(e.tokens, with_top, prefix) : json(nullptr)},
                       {"finish_reason", e.finish ? json(*e.finish) : json(nullptr)}};
-          seen->second += e.text.size();
           json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
                      {"choices", json::array({choice})}};
           const std::string line = "data: " + json_text(chunk) + "\n\n";
