@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "io/atomic_file.h"
 #include "runtime/device.h"
+#include "runtime/threads.h"
 #include "serve/server.h"
 #include "train/checkpoint.h"
 
@@ -86,11 +87,8 @@ void run_serve(ServeArgs a) {
 
   // SIGINT and SIGTERM go to one watcher thread (blocked here, before any thread starts, so every
   // thread inherits the mask): it stops the server, which ends the streams in flight, and main exits 0.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  runtime::block_stop_signals();
+  const sigset_t stop_signals = runtime::stop_signal_set();
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error from send(), not the end of the program
 
   runtime::set_threads(a.num_threads);

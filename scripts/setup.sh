@@ -3,24 +3,38 @@
 # libraries), then PyTorch (pinned in scripts/env.sh) from Python's package index into a virtual
 # environment in a cache folder outside the clone. The wheel carries a complete LibTorch (headers,
 # CMake config, CPU and CUDA libraries, its own OpenMP runtime); CMake finds it through
-# torch.utils.cmake_prefix_path (scripts/build.sh). The environment also has numpy and safetensors
-# for the Python checks in the test suite, transformers for the Hugging Face export's test, and
-# serves to run nanoGPT side by side.
+# torch.utils.cmake_prefix_path (scripts/build.sh). numpy and safetensors: the nanoGPT bridge
+# (scripts/nanogpt_bridge.py) reads and writes with them. The same environment runs nanoGPT side by side.
+#
+#   scripts/setup.sh          what building, training, sampling, serving and plotting need
+#   scripts/setup.sh --tests  that, and the tools the test suite drives the program with: GoogleTest,
+#                             Chromium, curl, an Arm cross compiler, and Python's transformers,
+#                             safetensors, openai and sentencepiece packages
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+tests=0
+for a in "$@"; do
+  case $a in
+    --tests) tests=1 ;;
+    *) echo "[setup] error: unknown argument '$a' (scripts/setup.sh [--tests])" >&2; exit 2 ;;
+  esac
+done
 
-# Drawing: cairo and pango with fonts for Latin (DejaVu) and CJK (WenQuanYi Zen Hei); chromium for the
-# attention explorer's browser test (which skips, saying why, without it). libgloo-dev: Gloo's headers
-# for training on several CPU processes (the Gloo library itself is inside LibTorch).
+# Drawing: cairo and pango with fonts for Latin (DejaVu) and CJK (WenQuanYi Zen Hei). libgloo-dev:
+# Gloo's headers for training on several CPU processes (the Gloo library itself is inside LibTorch).
 # libtcmalloc-minimal4: the nanogpt program's malloc (runtime/host_memory.h: less memory when training).
-# g++-aarch64-linux-gnu: the suite compiles the hand-written kernels for 64-bit Arm too.
-# libcpp-httplib-dev: the HTTP server of `nanogpt serve`; curl: its tests drive it as a client would.
-# libsentencepiece-dev: trains and runs the optional subword tokenizer (`prepare --tokenizer=bpe`).
-packages=(cmake g++ ninja-build python3 python3-venv libyaml-cpp-dev libspdlog-dev libfmt-dev libgtest-dev
-          libcli11-dev nlohmann-json3-dev libcairo2-dev libpango1.0-dev fonts-dejavu-core fonts-wqy-zenhei
-          chromium libgloo-dev libtcmalloc-minimal4 g++-aarch64-linux-gnu libcpp-httplib-dev curl
-          libsentencepiece-dev)
+# libcpp-httplib-dev: the HTTP server of `nanogpt serve`. libsentencepiece-dev: trains and runs the
+# optional subword tokenizer (`prepare --tokenizer=bpe`). libpcre2-dev: the Unicode-aware regular
+# expressions of imported Hugging Face tokenizers (`import --format=hf`).
+packages=(cmake g++ ninja-build python3 python3-venv libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev
+          nlohmann-json3-dev libcairo2-dev libpango1.0-dev fonts-dejavu-core fonts-wqy-zenhei libgloo-dev
+          libtcmalloc-minimal4 libcpp-httplib-dev libsentencepiece-dev libpcre2-dev)
+# The suite's tools: GoogleTest; chromium for the attention explorer's and the playground's browser
+# tests; curl, a client for the server's tests; g++-aarch64-linux-gnu compiles the hand-written
+# kernels for 64-bit Arm too. (A test whose tool is missing skips, saying why.)
+test_packages=(libgtest-dev chromium curl g++-aarch64-linux-gnu)
+((tests)) && packages+=("${test_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -61,30 +75,24 @@ else
   fi
   touch "$NANOGPT_VENV/.nanogpt-complete"
 fi
-# transformers (pinned): tests/test_export_hf.cpp loads what `nanogpt export --format=hf` writes with it.
-transformers_version=5.25.0
-if "$NANOGPT_PYTHON" -c "import sys, transformers; sys.exit(transformers.__version__ != '$transformers_version')" 2>/dev/null; then
-  echo "[setup] transformers $transformers_version present"
-else
-  echo "[setup] installing transformers==$transformers_version into $NANOGPT_VENV"
-  if ! "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check "transformers==$transformers_version"; then
-    echo "[setup] error: could not install transformers==$transformers_version from the package index (offline? see pip's message above)" >&2
-    exit 1
-  fi
-fi
 "$NANOGPT_PYTHON" -c "import torch; print('[setup] LibTorch', torch.__version__, '(CUDA', str(torch.version.cuda) + ')', 'at', torch.utils.cmake_prefix_path)"
-
-# The openai client: the serving tests drive `nanogpt serve` with it (they skip, saying why, without it).
-if ! "$NANOGPT_PYTHON" -c 'import openai' 2>/dev/null; then
-  echo "[setup] installing the openai client into $NANOGPT_VENV"
-  "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check openai ||
-    echo "[setup] warning: could not install openai (offline?): the serving tests that use it will skip" >&2
-fi
-# SentencePiece's Python package: a test compares its encoding with the bpe tokenizer's (it skips without).
-if ! "$NANOGPT_PYTHON" -c 'import sentencepiece' 2>/dev/null; then
-  echo "[setup] installing sentencepiece (Python) into $NANOGPT_VENV"
-  "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check sentencepiece ||
-    echo "[setup] warning: could not install sentencepiece (offline?): the test that compares with it will skip" >&2
+# The suite's Python packages: transformers (pinned: tests/test_export_hf.cpp loads what `nanogpt export --format=hf` writes with it),
+# the openai client (the serving tests drive `nanogpt serve` with it) and sentencepiece (a test
+# compares its encoding with the bpe tokenizer's), tokenizers (trains the Hugging Face tokenizers that the
+# import tests read; transformers brings it too). The tests that need one skip, saying why, without it.
+if ((tests)); then
+  transformers_version=5.25.0
+  python_packages=("transformers==$transformers_version" openai sentencepiece tokenizers)
+  if "$NANOGPT_PYTHON" -c "import sys, openai, sentencepiece, tokenizers, transformers
+sys.exit(transformers.__version__ != '$transformers_version')" 2>/dev/null; then
+    echo "[setup] the suite's Python packages present: ${python_packages[*]}"
+  else
+    echo "[setup] installing the suite's Python packages into $NANOGPT_VENV: ${python_packages[*]}"
+    if ! "$NANOGPT_PYTHON" -m pip install -q --disable-pip-version-check "${python_packages[@]}"; then
+      echo "[setup] error: could not install ${python_packages[*]} from the package index (offline? see pip's message above)" >&2
+      exit 1
+    fi
+  fi
 fi
 # torchrun comes with the torch wheel; the distributed tests skip without it, so a wheel lacking it is an error.
 if [[ ! -x $NANOGPT_TORCHRUN ]]; then

@@ -4,7 +4,7 @@
 # passed" counts a skipped test as passed. The exit status is ctest's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --tests
 scripts/build.sh -DNANOGPT_BUILD_TESTS=ON
 cd build
 log=$(mktemp)

@@ -1,7 +1,7 @@
 // `nanogpt attention` end to end on a tiny Chinese model: the heatmaps label their axes with the
 // characters themselves (checked in the SVG's text), and the explorer page, opened in headless
 // Chromium at a URL selecting a token, shades the text with that token's weights from the CSV.
-// The browser part skips, saying why, where Chromium is not installed (scripts/setup.sh installs it).
+// The browser part skips, saying why, where Chromium is not installed (scripts/setup.sh --tests installs it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -141,7 +141,7 @@ TEST_F(AttentionCli, ExplorerIsOneSelfContainedFile) {
 
 TEST_F(AttentionCli, SelectingATokenInChromiumShadesTheTextWithItsWeights) {
   const std::string browser = find_chromium();
-  if (browser.empty()) GTEST_SKIP() << "no chromium on PATH (scripts/setup.sh installs it): browser check skipped";
+  if (browser.empty()) GTEST_SKIP() << "no chromium on PATH (scripts/setup.sh --tests installs it): browser check skipped";
   const auto csv = read_weights(path("attn.csv"));
   const std::string flags = " --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir=" +
                             path("chromium-profile") + " ";

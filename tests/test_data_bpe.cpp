@@ -179,7 +179,7 @@ TEST(Bpe, EnsurePreparedFollowsTheTokenizerAsked) {
 TEST(Bpe, PythonSentencePieceEncodesTheSame) {
   const std::string python = NANOGPT_PYTHON;
   if (python.empty() || std::system((python + " -c 'import sentencepiece' 2>/dev/null").c_str()) != 0)
-    GTEST_SKIP() << "no Python with the sentencepiece package (scripts/setup.sh installs it)";
+    GTEST_SKIP() << "no Python with the sentencepiece package (scripts/setup.sh --tests installs it)";
   ScratchDir dir;
   spit(dir / "in.txt", corpus_head("tang_poems", 60000) + corpus_head("shakespeare_char", 30000));
   const Vocab vocab = prepare_dataset(bpe_options(dir / "in.txt", dir / "out", 600)).vocab;

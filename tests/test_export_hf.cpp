@@ -52,9 +52,9 @@ std::string transformers_missing() {
            "import importlib.util as u, sys; "
            "sys.exit(0 if u.find_spec('transformers') and u.find_spec('torch') else 1)"});
       return r.exit_code == 0 ? std::string()
-                              : "'" + python + "' cannot import transformers and torch (run scripts/setup.sh)";
+                              : "'" + python + "' cannot import transformers and torch (run scripts/setup.sh --tests)";
     } catch (const std::exception& e) {
-      return std::string(e.what()) + " (run scripts/setup.sh)";
+      return std::string(e.what()) + " (run scripts/setup.sh --tests)";
     }
   }();
   return why;

@@ -477,7 +477,7 @@ class ServeHttp : public ::testing::Test {
     dir_ = nullptr;
   }
   void SetUp() override {
-    if (!dir_) GTEST_SKIP() << "no curl on PATH (scripts/setup.sh installs it): the HTTP tests need a client";
+    if (!dir_) GTEST_SKIP() << "no curl on PATH (scripts/setup.sh --tests installs it): the HTTP tests need a client";
     ASSERT_EQ(train_rc_, 0) << read_text(dir_->path + "/train.out");
   }
   static std::string path(const std::string& name) { return dir_->path + "/" + name; }
@@ -1037,7 +1037,7 @@ TEST_F(ServeHttp, OpenAIPythonClient) {
   const std::string python = NANOGPT_PYTHON;
   if (python.empty() || shell(python + " -c 'import openai' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "the openai package is not importable from " << (python.empty() ? "(no python)" : python)
-                 << " (scripts/setup.sh installs it)";
+                 << " (scripts/setup.sh --tests installs it)";
   ServerProcess server(dir_->path, out_dir() + " --api_key=k3y");
   ASSERT_GT(server.port(), 0) << server.log();
   const std::string cmd = python + " " + NANOGPT_SOURCE_DIR + "/tests/serve_openai_client.py " + server.url("/v1") +
@@ -1054,7 +1054,7 @@ TEST_F(ServeHttp, PlaygroundStreamsShadesBeamsAndExploresAttention) {
   std::string browser;
   for (const char* name : {"chromium", "chromium-browser", "google-chrome"})
     if (browser.empty() && shell(std::string("command -v ") + name + " >/dev/null 2>&1") == 0) browser = name;
-  if (browser.empty()) GTEST_SKIP() << "no chromium on PATH (scripts/setup.sh installs it): browser check skipped";
+  if (browser.empty()) GTEST_SKIP() << "no chromium on PATH (scripts/setup.sh --tests installs it): browser check skipped";
   ServerProcess server(dir_->path, out_dir());
   ASSERT_GT(server.port(), 0) << server.log();
   std::string encoded;

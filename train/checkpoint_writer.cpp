@@ -1,10 +1,12 @@
 // The background checkpoint writer (see checkpoint_writer.h).
 #include "train/checkpoint_writer.h"
 
+#include "runtime/threads.h"
+
 #include <fmt/format.h>
 
 #include <pthread.h>
-#include <signal.h>
+#include <signal.h>  // pthread_sigmask
 
 #include <chrono>
 #include <cstdlib>
@@ -14,9 +16,8 @@
 namespace nanogpt::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+using runtime::Clock;
+using runtime::ms_since;
 
 // Tests only: NANOGPT_TEST_CKPT_PAUSE_MS=N makes every checkpoint write pause N ms once half of its
 // tensors are in the temporary file, so that a test can kill the process mid-write on purpose.
@@ -39,11 +40,7 @@ CheckpointWriter::CheckpointWriter(std::shared_ptr<spdlog::logger> log, bool bac
   if (!background_) return;
   // Ctrl-C and SIGTERM must reach the training thread (train/signals.h), never this one: the thread
   // starts with them blocked (a new thread inherits the signal mask), and this one's mask is restored.
-  sigset_t stop_signals, previous;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  const sigset_t previous = runtime::block_stop_signals();
   thread_ = std::thread([this] { run_thread(); });
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }

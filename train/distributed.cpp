@@ -15,6 +15,7 @@
 #include <map>
 #include <sstream>
 
+#include "runtime/threads.h"
 #include "train/distributed_backends.h"
 
 namespace nanogpt::train {
@@ -385,9 +386,9 @@ void GradientAllReduce::finish() {
     works.push_back(std::move(b.work));
     b.work.reset();
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = runtime::Clock::now();
   group_.wait(works, "the gradient all-reduce");
-  exposed_ms_.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  exposed_ms_.push_back(runtime::ms_since(t0));
 }
 
 }  // namespace nanogpt::train

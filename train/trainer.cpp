@@ -25,6 +25,7 @@
 #include "train/run_id.h"
 #include "io/metrics_csv.h"
 #include "runtime/peak_flops.h"
+#include "runtime/threads.h"
 #include "train/signals.h"
 #include "train/step.h"
 #include "viz/loss_plot.h"
@@ -32,9 +33,8 @@
 namespace nanogpt::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+using runtime::Clock;
+using runtime::ms_since;
 
 at::Generator default_generator(torch::Device device) {
   return device.is_cuda() ? at::globalContext().defaultGenerator(device) : at::detail::getDefaultCPUGenerator();
