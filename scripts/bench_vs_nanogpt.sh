@@ -26,6 +26,7 @@ patch=${2:-$(dirname "$nanogpt_dir")/nanoGPT_cpu_bf16.py}
 [[ -f $patch ]] && patch=$(cd "$(dirname "$patch")" && pwd)/$(basename "$patch")
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+source scripts/nanogpt_peer.sh
 repo=$PWD
 py=$NANOGPT_PYTHON
 cpu_iters=${CPU_ITERS:-2000}
@@ -37,10 +38,7 @@ export OMP_NUM_THREADS=$threads
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp -r "$nanogpt_dir" "$work/nanoGPT"
-cp data/shakespeare_char/input.txt "$work/nanoGPT/data/shakespeare_char/"
-mkdir -p "$work/stub" && : >"$work/stub/tiktoken.py" && : >"$work/stub/requests.py"  # imported, unused here
-(cd "$work/nanoGPT" && PYTHONPATH=$work/stub "$py" data/shakespeare_char/prepare.py >/dev/null)
+nanogpt_peer_workspace "$nanogpt_dir" "$work" "$py"
 "$py" -c 'import torch; print("[bench] torch", torch.__version__, "| threads", torch.get_num_threads())'
 build/nanogpt prepare --input data/shakespeare_char/input.txt --out_dir data/shakespeare_char >/dev/null
 
@@ -161,11 +159,7 @@ for r in "${cpu_round_rows[@]}"; do echo "| $r |"; done
 # prepare.py reading the poems as UTF-8; the same sizes and schedule), TANG_ROUNDS rounds.
 tang_iters=${TANG_ITERS:-300}
 tang_rows=()
-mkdir -p "$work/nanoGPT/data/tang"
-cp data/tang_poems/input.txt "$work/nanoGPT/data/tang/"
-sed "s/open(input_file_path, '\([rw]\)')/open(input_file_path, '\1', encoding='utf-8')/" \
-  "$work/nanoGPT/data/shakespeare_char/prepare.py" >"$work/nanoGPT/data/tang/prepare.py"
-(cd "$work/nanoGPT" && PYTHONPATH=$work/stub "$py" data/tang/prepare.py >/dev/null)
+nanogpt_peer_tang "$work" "$py"
 build/nanogpt prepare --input data/tang_poems/input.txt --out_dir data/tang_poems >/dev/null
 tang_nano=(config/train_shakespeare_char.py --device=cpu --dataset=tang --n_layer=4 --n_head=4 --n_embd=192
            --block_size=64 --batch_size=16 --dropout=0.0 --max_iters="$tang_iters" --lr_decay_iters="$tang_iters"
