@@ -40,6 +40,10 @@ FlatAdamW::FlatAdamW(const std::vector<std::pair<std::string, torch::Tensor>>& n
   if (!options_of_params_)
     throw std::runtime_error("[train] the optimizer was given no trainable parameters (is every parameter frozen?)");
   for (auto& group : groups_) flatten(group);
+  fused_ = options.fused.value_or(options_of_params_->device().is_cuda());
+  const auto f32 = options_of_params_->dtype(torch::kFloat);
+  lr_ = torch::zeros({}, f32);
+  step_count_ = torch::zeros({}, f32);  // exact to 2^24 steps
 }
 
 void FlatAdamW::flatten(Group& group) {
@@ -88,8 +92,56 @@ torch::Tensor FlatAdamW::clip_grad_norm(double max_norm) {
   return norm;
 }
 
-void FlatAdamW::step(double lr) {
+void FlatAdamW::set_lr(double lr) {
+  lr_value_ = lr;
+  lr_.fill_(lr);
+}
+
+torch::Tensor FlatAdamW::clip_divisor(double max_norm) const {
   torch::NoGradGuard no_grad;
+  auto sq = groups_[0].grad.pow(2).sum() + groups_[1].grad.pow(2).sum() + groups_[2].grad.pow(2).sum();
+  // 1 / clip_grad_norm's factor min(1, max_norm / (norm + 1e-6)): the same clipping, as a divisor
+  return ((sq.sqrt() + 1e-6) / max_norm).clamp_min(1.0).to(torch::kFloat);
+}
+
+int64_t FlatAdamW::steps() const {
+  return fused_ ? static_cast<int64_t>(step_count_.item<float>()) : step_;
+}
+
+void FlatAdamW::step(double lr) {
+  set_lr(lr);
+  step(std::nullopt, std::nullopt);
+}
+
+void FlatAdamW::step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf) {
+  torch::NoGradGuard no_grad;
+  if (!fused_) {
+    if (found_inf && found_inf->item<float>() != 0.0f) return;  // host read: the unfused update has no flag
+    if (grad_scale)
+      for (auto& g : groups_) g.grad.div_(*grad_scale);
+    loop_step(lr_value_);
+    return;
+  }
+  // ATen's step counts live on the device: counted before the kernel (it reads the count for the
+  // bias corrections), and taken back after it where found_inf skipped the step, as PyTorch's
+  // optimizers do. Both groups read the one counter.
+  step_count_.add_(1);
+  Group& muon = groups_[2];
+  if (muon.flat.numel() > 0 && !(found_inf && found_inf->item<float>() != 0.0f)) {  // Muon: the flag read here
+    if (grad_scale) muon.grad.div_(*grad_scale);
+    muon_step(muon, lr_value_ * options_.muon_lr_scale);
+  }
+  for (int i = 0; i < 2; ++i) {  // the AdamW groups, one flat tensor each
+    Group& g = groups_[i];
+    if (g.flat.numel() == 0) continue;
+    at::_fused_adamw_({g.flat}, {g.grad}, {g.exp_avg}, {g.exp_avg_sq}, /*max_exp_avg_sqs=*/{}, {step_count_}, lr_,
+                      options_.beta1, options_.beta2, g.weight_decay, options_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false, grad_scale, found_inf);
+  }
+  if (found_inf) step_count_.sub_(found_inf->reshape({}));
+}
+
+void FlatAdamW::loop_step(double lr) {
   ++step_;
   const double bias1 = 1.0 - std::pow(options_.beta1, static_cast<double>(step_));
   const double bias2 = 1.0 - std::pow(options_.beta2, static_cast<double>(step_));
@@ -183,7 +235,7 @@ void FlatAdamW::zero_grad() {
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> FlatAdamW::state() const {
-  std::vector<std::pair<std::string, torch::Tensor>> state = {{"step", torch::tensor(step_)}};
+  std::vector<std::pair<std::string, torch::Tensor>> state = {{"step", torch::tensor(steps())}};
   const char* tags[2] = {"decay", "no_decay"};
   for (int i = 0; i < 2; ++i) {
     state.emplace_back(std::string("exp_avg.") + tags[i], groups_[i].exp_avg);
@@ -226,6 +278,7 @@ void FlatAdamW::load_state(const std::vector<std::pair<std::string, torch::Tenso
   torch::NoGradGuard no_grad;
   for (auto& [t, dst] : checked) dst->copy_(t.reshape({-1}));
   step_ = step.item<int64_t>();
+  step_count_.fill_(static_cast<double>(step_));
 }
 
 }  // namespace nanogpt::train

@@ -5,6 +5,10 @@
 // Update rule and defaults are PyTorch's AdamW (decoupled weight decay, bias-corrected moments).
 // With `muon` on, a third group takes the blocks' 2-D weight matrices and updates them with Muon
 // (train/muon.h) at learning rate lr * muon_lr_scale; AdamW keeps embeddings, head, norms and biases.
+// With `fused` (the default on CUDA) the AdamW groups step through ATen's _fused_adamw_ with the
+// learning rate and the step count in device tensors: the schedule writes the rate in place
+// (set_lr), gradient clipping and fp16 loss scaling fold into the kernel's grad_scale and
+// found_inf, and nothing is read back to the host, so a whole step can be one CUDA graph.
 #pragma once
 
 #include <torch/torch.h>
@@ -27,6 +31,7 @@ class FlatAdamW {
     double muon_lr_scale = 1.0;  // Muon's learning rate / AdamW's (both follow one schedule)
     double muon_momentum = 0.95;
     torch::ScalarType muon_dtype = torch::kBFloat16;  // Newton–Schulz arithmetic (fp32 where bf16 is slow)
+    std::optional<bool> fused;   // ATen's _fused_adamw_; unset: on for CUDA parameters, off on a CPU
   };
 
   /// Takes over `named_params` (rebinding their storage into the flat buffers).
@@ -37,8 +42,26 @@ class FlatAdamW {
   /// Clips the global L2 norm of all gradients to max_norm (no host sync); returns the norm before
   /// clipping as a 0-d tensor.
   torch::Tensor clip_grad_norm(double max_norm);
-  /// One AdamW update with learning rate lr.
+  /// One AdamW update with learning rate lr (set_lr, then the step below).
   void step(double lr);
+
+  /// Whether the AdamW groups step through ATen's fused kernel (Options::fused).
+  bool fused() const { return fused_; }
+  /// Writes the learning rate of the next step into its device tensor (in place: a CUDA graph that
+  /// captured the step reads the new value).
+  void set_lr(double lr);
+  /// The learning rate tensor the fused step reads (0-d float32 on the parameters' device).
+  const torch::Tensor& lr_tensor() const { return lr_; }
+  /// The divisor that clips the global gradient norm to max_norm, max(1, (norm + 1e-6) / max_norm),
+  /// as a 0-d float32 device tensor (no host sync): the fused step's grad_scale. The gradients are
+  /// left as they are.
+  torch::Tensor clip_divisor(double max_norm) const;
+  /// One update at the rate set_lr wrote, with every gradient divided by `grad_scale` first (when
+  /// given: clipping, see clip_divisor) and nothing changed where `found_inf` (a float32 (1,) device
+  /// tensor, the loss scaler's) is 1: a skipped fp16 step leaves the weights, the moments and the
+  /// step count as they were. Fused: no host sync, except with Muon and found_inf (Muon's own
+  /// update reads the flag). Unfused: the gradients are divided and the flag read on the host.
+  void step(const std::optional<torch::Tensor>& grad_scale, const std::optional<torch::Tensor>& found_inf);
   /// Zeroes the gradients in place (they stay views into the flat buffer).
   void zero_grad();
   /// The flat gradient buffers, one per group (every parameter's .grad() is a view into one).
@@ -48,7 +71,8 @@ class FlatAdamW {
   /// and moments. All share the parameters' device and dtype.
   std::vector<torch::Tensor> buffers() const;
 
-  int64_t steps() const { return step_; }
+  /// Steps taken (skipped fp16 steps not counted); reads the device counter when fused.
+  int64_t steps() const;
   /// Names of the parameters in the decay / no-decay groups, in order.
   const std::vector<std::string>& decay_names() const { return groups_[0].names; }
   const std::vector<std::string>& no_decay_names() const { return groups_[1].names; }
@@ -76,11 +100,16 @@ class FlatAdamW {
   void flatten(Group& group);
   bool on_cpu_fp32() const;  // the buffers are fp32 on the CPU: the fused loop applies
   void fused_step_cpu(Group& group, double lr, double bias1, double bias2);
+  void loop_step(double lr);  // the update without ATen's fused kernel (host-side lr and step count)
   void muon_step(Group& group, double lr);
 
   Options options_;
   std::optional<torch::TensorOptions> options_of_params_;  // device and dtype of the first parameter
-  int64_t step_ = 0;
+  int64_t step_ = 0;     // unfused: steps taken
+  bool fused_ = false;
+  double lr_value_ = 0;  // what set_lr wrote last (Muon's rate, and the unfused update's)
+  torch::Tensor lr_;     // 0-d float32 on the parameters' device
+  torch::Tensor step_count_;  // fused: 0-d float32 on the parameters' device, ATen's state_steps
   Group groups_[3];  // [0] decay, [1] no decay (AdamW), [2] Muon (empty unless options.muon)
 };
 

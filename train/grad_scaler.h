@@ -39,6 +39,9 @@ class GradScaler {
 
   /// Whether the gradients unscaled last were all finite (one host sync). True when disabled.
   bool step_ok() const;
+  /// The flag unscale() wrote: (1,) float32 on the device, 1 when a gradient was inf or NaN. The
+  /// fused optimizer step reads it on the device (its found_inf), so skipping costs no host sync.
+  const torch::Tensor& found_inf() const { return found_inf_; }
 
   /// Adjusts the scale after the step: backoff on inf/NaN, growth after a run of good steps.
   void update();

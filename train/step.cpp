@@ -6,33 +6,61 @@
 
 namespace nanogpt::train {
 
+void optimizer_step(FlatAdamW& optimizer, double lr, const StepOptions& options) {
+  optimizer.set_lr(lr);
+  update_weights(optimizer, options);
+}
+
+void update_weights(FlatAdamW& optimizer, const StepOptions& options) {
+  if (options.scaler) options.scaler->unscale(optimizer.flat_grads());  // before clipping sees them
+  if (optimizer.fused()) {
+    // Clipping and a skipped fp16 step fold into the fused kernel: nothing is read back.
+    std::optional<torch::Tensor> grad_scale, found_inf;
+    if (options.grad_clip > 0.0) grad_scale = optimizer.clip_divisor(options.grad_clip);
+    if (options.scaler) found_inf = options.scaler->found_inf();
+    optimizer.step(grad_scale, found_inf);
+  } else {
+    if (options.grad_clip > 0.0) optimizer.clip_grad_norm(options.grad_clip);
+    if (!options.scaler || options.scaler->step_ok()) optimizer.step(std::nullopt, std::nullopt);
+  }
+  if (options.scaler) options.scaler->update();
+  optimizer.zero_grad();
+}
+
+namespace {
+
+double micro_batch_share(const StepOptions& options) {
+  // Each micro-batch's loss is divided by the step's micro-batches over all processes: summed
+  // over the processes, the gradients are those of the mean loss, as with one process.
+  return 1.0 / static_cast<double>(options.gradient_accumulation_steps * options.world_size);
+}
+
+}  // namespace
+
+void micro_step(model::GPT& model, const torch::Tensor& x, const torch::Tensor& y, const StepOptions& options,
+                torch::Tensor& loss_sum) {
+  torch::Tensor loss;
+  {
+    runtime::AutocastGuard autocast(options.device, options.autocast_dtype, options.autocast_dtype != torch::kFloat);
+    loss = model->forward(x, y).second;  // x, y: (B, T) each
+  }
+  auto micro_loss = loss * micro_batch_share(options);
+  (options.scaler ? options.scaler->scale(micro_loss) : micro_loss).backward();
+  loss_sum.add_(loss.detach());
+}
+
 torch::Tensor train_step(model::GPT& model, FlatAdamW& optimizer,
                          const std::function<std::pair<torch::Tensor, torch::Tensor>()>& next_batch, double lr,
                          const StepOptions& options) {
-  torch::Tensor loss_sum;
-  // Each micro-batch's loss is divided by the step's micro-batches over all processes: summed
-  // over the processes, the gradients are those of the mean loss, as with one process.
-  const double scale = 1.0 / static_cast<double>(options.gradient_accumulation_steps * options.world_size);
+  auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(options.device));
   for (int64_t micro = 0; micro < options.gradient_accumulation_steps; ++micro) {
     const bool last = micro + 1 == options.gradient_accumulation_steps;
     if (options.all_reduce && last) options.all_reduce->arm();  // the earlier micro-batches only accumulate
     auto [x, y] = next_batch();  // (B, T) each
-    torch::Tensor loss;
-    {
-      runtime::AutocastGuard autocast(options.device, options.autocast_dtype,
-                                             options.autocast_dtype != torch::kFloat);
-      loss = model->forward(x, y).second;
-    }
-    auto micro_loss = loss * scale;
-    (options.scaler ? options.scaler->scale(micro_loss) : micro_loss).backward();
-    loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+    micro_step(model, x, y, options, loss_sum);
   }
   if (options.all_reduce) options.all_reduce->finish();
-  if (options.scaler) options.scaler->unscale(optimizer.flat_grads());  // before clipping sees them
-  if (options.grad_clip > 0.0) optimizer.clip_grad_norm(options.grad_clip);
-  if (!options.scaler || options.scaler->step_ok()) optimizer.step(lr);
-  if (options.scaler) options.scaler->update();
-  optimizer.zero_grad();
+  optimizer_step(optimizer, lr, options);
   return loss_sum;
 }
 

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <optional>
 #include <utility>
 
 #include "model/gpt.h"
@@ -29,6 +30,20 @@ struct StepOptions {
   int64_t world_size = 1;
   GradientAllReduce* all_reduce = nullptr;
 };
+
+/// One micro-batch of a step: the forward pass (under autocast when asked), the backward pass of
+/// its share of the step's loss (loss scaled for fp16), and its loss added in place to `loss_sum`
+/// (0-d float32 on the device). Reads nothing back: a CUDA graph can hold it.
+void micro_step(model::GPT& model, const torch::Tensor& x, const torch::Tensor& y, const StepOptions& options,
+                torch::Tensor& loss_sum);
+
+/// The end of a step, after the last backward: the learning rate written (set_lr), then
+/// update_weights.
+void optimizer_step(FlatAdamW& optimizer, double lr, const StepOptions& options);
+/// Unscales the gradients (fp16), clips them, updates the weights at the optimizer's learning rate
+/// (a skipped fp16 step changes nothing), adjusts the loss scale and zeroes the gradients. With the
+/// fused optimizer nothing here reads the device: a CUDA graph can hold it.
+void update_weights(FlatAdamW& optimizer, const StepOptions& options);
 
 /// Runs one step at learning rate `lr`, drawing each micro-batch (x, y) from `next_batch`.
 /// Returns the sum of this process's micro-batch losses as a 0-d tensor (no host sync).
