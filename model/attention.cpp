@@ -12,6 +12,7 @@
 
 #include "model/fast/chunked_attention.h"
 #include "model/fast/decode_attention.h"
+#include "model/fast/flash_attention.h"
 #include "model/fast/linear.h"
 
 namespace nanogpt::model {
@@ -196,14 +197,23 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   //      the two batched products around a fused causal softmax, in chunks that recompute the
   //      weights in backward where a layer's (B, nh, T, T) weights outgrow the cache (the full
   //      preset: 150 MB per layer), in one chunk whose weights are kept below that.
+  //      `flash` (model/fast/flash_attention.h) is FlashAttention's blocked online softmax on the CPU
+  //      (no (T, T) tensor at all, causal blocks skipped, dropout inside); on other devices, or with
+  //      a KV cache, it is sdpa.
   const int64_t Tk = k.size(2);
   const bool cpu_training = x.device().is_cpu() && is_training() && torch::GradMode::is_enabled();
-  const bool fused = !ctx.weights && (attention_ == "sdpa" || (attention_ == "auto" && !cpu_training));
+  const bool flash = attention_ == "flash" && !ctx.weights && T == Tk && x.device().is_cpu() &&
+                     (v.scalar_type() == torch::kFloat || v.scalar_type() == torch::kBFloat16);
+  const bool fused = !flash && !ctx.weights &&
+                     (attention_ == "sdpa" || attention_ == "flash" || (attention_ == "auto" && !cpu_training));
   const int64_t chunk_pairs = attention_chunk_pairs(T, Tk);
   const bool chunked = !ctx.weights && T == Tk &&
                        (attention_ == "chunked" || (attention_ == "auto" && cpu_training));
   torch::Tensor y;
-  if (fused) {
+  if (flash) {
+    const auto dtype = v.scalar_type();  // under autocast the projections' bf16
+    y = flash_attention(q.to(dtype), k.to(dtype), v, is_training() ? dropout_ : 0.0);  // (B, nh, T, hs)
+  } else if (fused) {
     const bool plain_causal = T == Tk;  // no cached prefix: the kernel's own causal mask fits
     auto mask = (plain_causal || T == 1) ? torch::Tensor() : causal_mask(ctx.start_pos, T, Tk, x.device());
     y = fused_attention(q, k, v, mask, plain_causal && T > 1, is_training() ? dropout_ : 0.0);  // (B, nh, T, hs)

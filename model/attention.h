@@ -67,7 +67,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   int64_t n_head_, n_kv_head_, head_size_, block_size_;
   bool qk_norm_;
   double dropout_;
-  std::string attention_;  // math | sdpa | auto (model/config.h)
+  std::string attention_;  // math | sdpa | chunked | flash | auto (model/config.h)
   Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
   torch::Tensor mask_;  // (block_size, block_size) bool, true above the diagonal; cached, not a buffer
   torch::Tensor bias_;  // the same as an additive fp32 bias (0 / -inf); cached, not a buffer

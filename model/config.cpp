@@ -37,8 +37,9 @@ void ModelConfig::validate() const {
   check(pos_encoding != "sinusoidal" || n_embd % 2 == 0, "n_embd", text(n_embd),
         "must be even with pos_encoding sinusoidal: sin and cos fill channel pairs");
   check(norm == "layernorm" || norm == "rmsnorm", "norm", norm, "must be layernorm or rmsnorm");
-  check(attention == "math" || attention == "sdpa" || attention == "chunked" || attention == "auto", "attention", attention,
-        "must be math, sdpa, chunked or auto");
+  check(attention == "math" || attention == "sdpa" || attention == "chunked" || attention == "flash" ||
+            attention == "auto",
+        "attention", attention, "must be math, sdpa, chunked, flash or auto");
   check(mlp == "gelu" || mlp == "relu2" || mlp == "swiglu", "mlp", mlp, "must be gelu, relu2 or swiglu");
   check(logit_softcap >= 0 && std::isfinite(logit_softcap), "logit_softcap", text(logit_softcap),
         "must be a number >= 0 (0 = off; 15 to 30 is usual)");

@@ -22,7 +22,7 @@ struct ModelConfig {
   std::string pos_encoding = "rope";   // rope | sinusoidal | learned
   double rope_base = 10000.0;       // RoPE frequency base
   std::string norm = "layernorm";   // layernorm | rmsnorm
-  std::string attention = "auto";   // math (the lesson, written out) | sdpa (LibTorch's fused kernels) | chunked (math in cache-sized chunks, weights recomputed in backward) | auto (math or, for large T, chunked to train on a CPU; else sdpa)
+  std::string attention = "auto";   // math (the lesson, written out) | sdpa (LibTorch's fused kernels) | chunked (math in cache-sized chunks, weights recomputed in backward) | flash (blocked online softmax on the CPU, no (T, T) scores; sdpa elsewhere) | auto (math or, for large T, chunked to train on a CPU; else sdpa)
   // Beyond nanoGPT's recipe (nanochat, modded-nanogpt); the defaults are nanoGPT's.
   bool qk_norm = false;             // RMS-normalise each head's queries and keys (no weight) before RoPE
   std::string mlp = "gelu";         // gelu (nanoGPT) | relu2 (ReLU squared) | swiglu (SiLU-gated, LLaMA)

@@ -556,8 +556,8 @@ TEST(ModelConfig, RejectsImpossibleCombinationsNamingValues) {
   c.pos_encoding = "alibi";
   expect_error(c, "alibi");
   c = tiny();
-  c.attention = "flash";
-  expect_error(c, "attention (flash) must be math, sdpa, chunked or auto");
+  c.attention = "fast";
+  expect_error(c, "attention (fast) must be math, sdpa, chunked, flash or auto");
   c = tiny();
   c.mlp = "geglu";
   expect_error(c, "mlp (geglu) must be gelu, relu2 or swiglu");

@@ -92,9 +92,10 @@ const std::array kKeys = {
         "positions: rotary (RoPE), fixed sinusoids, or nanoGPT's learned table (wpe)"),
     MODEL_KEY(rope_base, nullptr, "> 1", "", "RoPE frequency base (pos_encoding rope only)"),
     MODEL_KEY(norm, nullptr, "layernorm | rmsnorm", "", "LayerNorm (nanoGPT) or RMSNorm"),
-    MODEL_KEY(attention, nullptr, "auto | math | sdpa | chunked", "",
+    MODEL_KEY(attention, nullptr, "auto | math | sdpa | chunked | flash", "",
         "auto: chunked to train on a CPU, sdpa (LibTorch's fused kernels) for evaluation, sampling and CUDA; "
-        "math: the lesson written out; chunked: math as one node in cache-sized chunks"),
+        "math: the lesson written out; chunked: math as one node in cache-sized chunks; "
+        "flash: blocked online softmax on a CPU, no (T, T) scores"),
     MODEL_KEY(qk_norm, nullptr, "true | false", "", "RMS-normalise each head's queries and keys before RoPE"),
     MODEL_KEY(mlp, nullptr, "gelu | relu2 | swiglu", "", "the MLP's activation: GELU (nanoGPT), ReLU squared, or SiLU-gated"),
     MODEL_KEY(tie_embeddings, nullptr, "true | false", "", "the head reuses wte's weights (nanoGPT); false = its own lm_head"),
