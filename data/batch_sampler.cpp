@@ -50,6 +50,17 @@ std::pair<torch::Tensor, torch::Tensor> BatchSampler::next(torch::Device device)
   return gather(starts, device);
 }
 
+void BatchSampler::next_into(torch::Tensor& x, torch::Tensor& y) {
+  for (const auto* t : {&x, &y})
+    if (!t->defined() || !t->device().is_cpu() || t->scalar_type() != torch::kInt64 || !t->is_contiguous() ||
+        t->sizes() != torch::IntArrayRef{batch_size_, block_size_})
+      throw std::runtime_error(fmt::format("[data] next_into needs int64 ({}, {}) contiguous CPU tensors", batch_size_,
+                                           block_size_));
+  std::vector<int64_t> starts(static_cast<size_t>(batch_size_));
+  for (auto& start : starts) start = draw_start();
+  gather_into(starts, x, y);
+}
+
 void BatchSampler::skip(int64_t batches) {
   for (int64_t i = 0; i < batches * batch_size_; ++i) draw_start();
 }
@@ -76,6 +87,13 @@ std::pair<torch::Tensor, torch::Tensor> BatchSampler::gather(const std::vector<i
   const int64_t B = static_cast<int64_t>(starts.size()), T = block_size_;
   auto x = torch::empty({B, T}, torch::kInt64);  // (B, T)
   auto y = torch::empty({B, T}, torch::kInt64);  // (B, T)
+  gather_into(starts, x, y);
+  if (device.is_cpu()) return {x, y};
+  return {x.to(device), y.to(device)};
+}
+
+void BatchSampler::gather_into(const std::vector<int64_t>& starts, torch::Tensor& x, torch::Tensor& y) const {
+  const int64_t B = static_cast<int64_t>(starts.size()), T = block_size_;
   int64_t* xp = x.data_ptr<int64_t>();
   int64_t* yp = y.data_ptr<int64_t>();
   const auto copy = [&](const auto* src) {
@@ -105,8 +123,6 @@ std::pair<torch::Tensor, torch::Tensor> BatchSampler::gather(const std::vector<i
     copy(tokens_.data_ptr<int32_t>());
   }
   release_resident(tokens_);  // a mapped file's pages go back to the page cache (nanoGPT re-maps per batch)
-  if (device.is_cpu()) return {x, y};
-  return {x.to(device), y.to(device)};
 }
 
 std::string BatchSampler::state() const {

@@ -24,6 +24,10 @@ class BatchSampler {
   /// x: (B, T) int64, y: (B, T) int64 = x shifted left by one. Placed on `device`.
   std::pair<torch::Tensor, torch::Tensor> next(torch::Device device = torch::kCPU);
 
+  /// As next(), into `x` and `y`: int64 (B, T) contiguous CPU tensors, e.g. the pinned staging
+  /// buffer a training step reuses (no tensor is allocated). Throws "[data] ..." for other shapes.
+  void next_into(torch::Tensor& x, torch::Tensor& y);
+
   /// Draws `batches` batches' windows and drops them (the generator moves exactly as next() would
   /// move it): data-parallel ranks share one stream of micro-batches and each skips the others'.
   void skip(int64_t batches);
@@ -43,6 +47,7 @@ class BatchSampler {
  private:
   int64_t draw_start();  // one window start from the generator
   std::pair<torch::Tensor, torch::Tensor> gather(const std::vector<int64_t>& starts, torch::Device device) const;
+  void gather_into(const std::vector<int64_t>& starts, torch::Tensor& x, torch::Tensor& y) const;
 
   torch::Tensor tokens_;  // (N,) uint16 or int32, contiguous, CPU; often a mapped token file
   int64_t batch_size_;

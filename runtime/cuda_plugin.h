@@ -11,9 +11,32 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace nanogpt::runtime {
+
+/// A piece of work captured once as a CUDA graph, replayed on the current stream.
+class CapturedGraph {
+ public:
+  virtual ~CapturedGraph() = default;
+  virtual void replay() = 0;
+};
+
+/// What the GPU did while a piece of work ran, from LibTorch's Kineto profiler.
+struct GpuProfile {
+  struct Kernel {
+    std::string name;
+    int64_t calls = 0;
+    double total_ms = 0;
+  };
+  double wall_ms = 0;      // host time from the first launch to the end of the last kernel
+  double gpu_busy_ms = 0;  // time with at least one kernel or copy running on the GPU
+  int64_t kernels = 0;     // kernel launches (copies and memsets not counted)
+  std::vector<Kernel> by_time;  // every kernel name, most GPU time first
+};
 
 /// What the plugin offers; its functions are C++ (same compiler, same LibTorch).
 struct CudaPlugin {
@@ -25,6 +48,16 @@ struct CudaPlugin {
   void (*reset_peak_memory)(int device);
   c10::intrusive_ptr<c10d::Backend> (*make_nccl_backend)(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                          int size, std::chrono::milliseconds timeout);
+  // training (runtime/cuda/step_graph.cpp, runtime/cuda/gpu_profile.cpp)
+  /// Runs `work` once on a side stream (the eager warm-up: its effects are real), then captures the
+  /// kernels it queues into a CUDA graph (not run), sharing `share_pool_with`'s memory pool when
+  /// given. Dropout's RNG goes through the default generator's graph-safe philox state: each replay
+  /// reads the generator's seed and offset then. Throws what the capture threw.
+  std::unique_ptr<CapturedGraph> (*capture_graph)(const std::function<void()>& work, CapturedGraph* share_pool_with);
+  /// Runs `work` under the Kineto profiler with CUDA activities and synchronises.
+  GpuProfile (*profile)(const std::function<void()>& work);
+  /// c10's CUDA sync debug mode: 0 off, 1 warn, 2 error (an operation that syncs the host throws).
+  void (*set_sync_debug_mode)(int mode);
 };
 
 /// Loads the plugin (and so libtorch_cuda.so) when `device_name` may use a GPU: "cuda", "cuda:N",

@@ -1,18 +1,29 @@
 // On a CUDA GPU: device choice, the fused attention against the math path, bf16 and float16
-// (loss-scaled) training, exact checkpoints of the scaler, and the out-of-memory message. Every
+// (loss-scaled) training, exact checkpoints of the scaler, the out-of-memory message, and steps as
+// CUDA graphs (against eager steps, under sync debug mode, resumed) with the profile of a step. Every
 // test skips with the reason on a machine without a GPU (scripts/gpu_check.sh runs them on one).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <random>
 
+#include "data/batch_sampler.h"
 #include "model/fast/dropout.h"
 #include "model/generate.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/device.h"
 #include "model/gpt.h"
+#include "train/adamw.h"
 #include "train/checkpoint.h"
+#include "train/device_batch.h"
+#include "train/graphed_step.h"
+#include "train/step.h"
 #include "train/trainer.h"
 #include "train_fixture.h"
 
@@ -244,4 +255,152 @@ TEST(Cuda, ACheckpointMovesCpuToGpuToCpuAndResumesExactly) {
   leg("gpu_b", "cuda", 20, true);
   EXPECT_EQ(train_losses(dir.path + "/gpu_a/metrics.csv"), train_losses(dir.path + "/gpu_b/metrics.csv"))
       << "resuming on the GPU from a GPU checkpoint is exact";
+}
+
+// ---- CUDA graphs of a step, the fused optimizer, no host syncs, the profile ----------------------
+
+namespace {
+
+// A model, its fused optimizer and its batches on the GPU, as the trainer sets them up.
+struct GpuRun {
+  model::GPT model{nullptr};
+  std::unique_ptr<train::FlatAdamW> optimizer;
+  std::unique_ptr<data::BatchSampler> sampler;
+  std::unique_ptr<train::DeviceBatch> batch;
+  train::StepOptions step;
+  uint64_t micro = 0;
+
+  GpuRun(const model::ModelConfig& config, int64_t batch_size, int64_t micro_steps, torch::ScalarType dtype) {
+    torch::manual_seed(42);
+    model = model::GPT(config);
+    model->to(torch::kCUDA);
+    optimizer = std::make_unique<train::FlatAdamW>(*model, train::FlatAdamW::Options{});
+    const auto tokens = torch::randint(config.vocab_size, {200000}, torch::kInt32);
+    sampler = std::make_unique<data::BatchSampler>(tokens, batch_size, config.block_size, 7);
+    batch = std::make_unique<train::DeviceBatch>(batch_size, config.block_size, torch::Device(torch::kCUDA, 0));
+    step.gradient_accumulation_steps = micro_steps;
+    step.autocast_dtype = dtype;
+    step.device = torch::Device(torch::kCUDA, 0);
+  }
+  // Each micro-batch's dropout seed, as the trainer sets it: the masks follow (run, micro-batch).
+  std::pair<torch::Tensor, torch::Tensor> next() {
+    auto gen = at::globalContext().defaultGenerator(torch::Device(torch::kCUDA, 0));
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_current_seed(1000 + micro++);
+    }
+    batch->load(*sampler);
+    return {batch->x(), batch->y()};
+  }
+};
+
+model::ModelConfig graph_test_model() {
+  auto c = tiny_model_config();
+  c.vocab_size = 65;
+  c.block_size = 64;
+  c.dropout = 0.1;  // masks must match eager's through the generator's graph-safe offsets
+  c.attention = "math";  // deterministic backward
+  return c;
+}
+
+}  // namespace
+
+TEST(CudaGraphs, TwentyReplayedStepsEqualEagerSteps) {
+  REQUIRE_GPU();
+  runtime::resolve_device("cuda");  // loads the plugin that captures
+  runtime::set_tf32(false);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    GpuRun eager(graph_test_model(), 8, 2, dtype), graphed(graph_test_model(), 8, 2, dtype);
+    std::vector<std::string> lines;
+    train::GraphedStep steps(graphed.model, *graphed.optimizer, graphed.step, 3, [&](const std::string& l) { lines.push_back(l); });
+    const double tolerance = dtype == torch::kFloat ? 1e-6 : 2e-2;
+    for (int s = 0; s < 20; ++s) {
+      const double lr = 1e-3 * (1 + s % 5);
+      const double want = train::train_step(eager.model, *eager.optimizer, [&] { return eager.next(); }, lr, eager.step).item<double>();
+      const double got = steps.step([&] { return graphed.next(); }, lr).item<double>();
+      EXPECT_NEAR(got, want, tolerance * std::abs(want)) << "step " << s << (dtype == torch::kFloat ? " fp32" : " bf16");
+    }
+    EXPECT_TRUE(steps.replaying()) << (lines.empty() ? "" : lines[0]);
+    EXPECT_EQ(graphed.optimizer->steps(), 20);
+  }
+  runtime::set_tf32(true);
+}
+
+TEST(CudaGraphs, AStepReadsNothingBackUnderSyncDebugError) {
+  REQUIRE_GPU();
+  runtime::resolve_device("cuda");
+  const auto* plugin = runtime::cuda_plugin();
+  ASSERT_NE(plugin, nullptr);
+  GpuRun run(graph_test_model(), 8, 2, torch::kBFloat16);
+  train::GraphedStep graphed(run.model, *run.optimizer, run.step, 3, nullptr);
+  train::GraphedStep eager(run.model, *run.optimizer, run.step, 1000, nullptr);  // never captures
+  for (int s = 0; s < 5; ++s) graphed.step([&] { return run.next(); }, 1e-3);  // warm-up and capture
+  ASSERT_TRUE(graphed.replaying());
+  torch::cuda::synchronize();
+  plugin->set_sync_debug_mode(2);  // a host sync throws from here
+  EXPECT_NO_THROW(graphed.step([&] { return run.next(); }, 1e-3)) << "a replayed step";
+  EXPECT_NO_THROW(eager.step([&] { return run.next(); }, 1e-3)) << "an eager step with the fused optimizer";
+  plugin->set_sync_debug_mode(0);
+  std::printf("[sync] one replayed step and one eager step ran under sync debug mode error\n");
+}
+
+TEST(CudaGraphs, ResumeFromACheckpointTakenUnderGraphsIsExact) {
+  REQUIRE_GPU();
+  TempDir dir("cuda_graph_resume");
+  auto base = tiny_config(dir.path);
+  base.device = "cuda";
+  base.cuda_graphs = "true";
+  base.model.attention = "math";
+  base.tf32 = false;
+  auto leg = [&](const std::string& out, int64_t max_iters, bool resume, const std::string& graphs) {
+    auto c = base;
+    c.out_dir = dir.path + "/" + out;
+    c.max_iters = max_iters;
+    c.init_from = resume ? "resume" : "scratch";
+    c.cuda_graphs = graphs;
+    return train::Trainer(c, true).run();
+  };
+  leg("whole", 20, false, "true");
+  leg("halves", 10, false, "true");
+  leg("halves", 20, true, "true");
+  leg("eager", 20, false, "false");
+  const auto whole = train_losses(dir.path + "/whole/metrics.csv"), halves = train_losses(dir.path + "/halves/metrics.csv");
+  EXPECT_EQ(whole, halves) << "resuming under graphs is exact";
+  const auto eager = train_losses(dir.path + "/eager/metrics.csv");
+  ASSERT_EQ(whole.size(), eager.size());
+  for (size_t i = 0; i < whole.size(); ++i)
+    EXPECT_NEAR(std::stod(whole[i]), std::stod(eager[i]), 1e-6 * std::stod(eager[i])) << "iter " << i;
+}
+
+// The full Shakespeare preset's step (6 layers, 6 heads, 384 wide, block 256, batch 64, bf16),
+// eager and replayed, under the Kineto profiler: the table scripts/gpu_check.sh prints.
+TEST(CudaProfile, ThreeStepsOfTheFullPresetEagerAndReplayed) {
+  REQUIRE_GPU();
+  runtime::resolve_device("cuda");
+  const auto* plugin = runtime::cuda_plugin();
+  ASSERT_NE(plugin, nullptr);
+  auto c = model::ModelConfig{};
+  c.vocab_size = 65;
+  c.block_size = 256;
+  c.n_layer = 6;
+  c.n_head = 6;
+  c.n_embd = 384;
+  c.dropout = 0.2;
+  GpuRun run(c, 64, 1, torch::kBFloat16);
+  for (bool graphs : {false, true}) {
+    train::GraphedStep steps(run.model, *run.optimizer, run.step, graphs ? 3 : 1000000, nullptr);
+    for (int s = 0; s < 5; ++s) steps.step([&] { return run.next(); }, 1e-3);
+    const auto p = plugin->profile([&] {
+      for (int s = 0; s < 3; ++s) steps.step([&] { return run.next(); }, 1e-3);
+    });
+    const char* name = graphs ? "graphs" : "eager";
+    std::printf("[profile] %s: 3 steps in %.2f ms wall, GPU busy %.2f ms (%.0f%%), %.0f kernels per step\n", name,
+                p.wall_ms, p.gpu_busy_ms, 100.0 * p.gpu_busy_ms / p.wall_ms, static_cast<double>(p.kernels) / 3.0);
+    std::printf("[profile] %s: %-60s %8s %10s\n", name, "top kernels", "calls", "ms");
+    for (size_t i = 0; i < std::min<size_t>(10, p.by_time.size()); ++i)
+      std::printf("[profile] %s: %-60.60s %8lld %10.3f\n", name, p.by_time[i].name.c_str(),
+                  static_cast<long long>(p.by_time[i].calls), p.by_time[i].total_ms);
+    EXPECT_GT(p.kernels, 0);
+    EXPECT_LE(p.gpu_busy_ms, p.wall_ms * 1.01);
+  }
 }

@@ -31,7 +31,7 @@ class FlatAdamW {
     double muon_lr_scale = 1.0;  // Muon's learning rate / AdamW's (both follow one schedule)
     double muon_momentum = 0.95;
     torch::ScalarType muon_dtype = torch::kBFloat16;  // Newton–Schulz arithmetic (fp32 where bf16 is slow)
-    std::optional<bool> fused;   // ATen's _fused_adamw_; unset: on for CUDA parameters, off on a CPU
+    std::optional<bool> fused = std::nullopt;  // ATen's _fused_adamw_; unset: on for CUDA parameters, off on a CPU
   };
 
   /// Takes over `named_params` (rebinding their storage into the flat buffers).

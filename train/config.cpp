@@ -126,6 +126,9 @@ const std::array kKeys = {
     KEY(seed, nullptr, ">= 0", "", "seed of weights, batches and dropout (nanoGPT: fixed 1337)"),
     KEY(num_threads, nullptr, ">= 0", "", "threads per process; 0 = all cores (under torchrun: cores / processes)"),
     KEY(tf32, nullptr, "true | false", "", "CUDA: float32 products on TF32 tensor cores (Ampere and later), as nanoGPT allows"),
+    KEY(cuda_graphs, nullptr, "auto | true | false", "",
+        "each step replayed as CUDA graphs after 3 eager steps; auto: on for one process on CUDA, off on a CPU and "
+        "under torchrun"),
     KEY(compile, nullptr, "true | false", "compile", "accepted for nanoGPT compatibility; no effect"),
     KEY(plot, nullptr, "true | false", "", "redraw out_dir/loss.png at every evaluation"),
     // data parallel (torchrun)
@@ -489,6 +492,8 @@ void TrainConfig::validate() const {
         "must be auto, float32, bfloat16 or float16 (auto: bfloat16 where the device has fast bf16, else "
         "float16 with dynamic loss scaling on a GPU, float32 on a CPU)");
   check(seed >= 0, "seed", i(seed), "must be >= 0");
+  check(in(cuda_graphs, {"auto", "true", "false"}), "cuda_graphs", cuda_graphs,
+        "must be auto, true or false (auto: on for one process on CUDA)");
   check(num_threads >= 0, "num_threads", i(num_threads), "must be >= 0 (0 = all cores; under torchrun, cores / processes per machine)");
   check(in(backend, {"auto", "gloo", "nccl"}), "backend", backend, "must be auto, gloo or nccl (auto: gloo on a CPU, nccl on CUDA)");
   check(backend != "nccl" || device.rfind("cuda", 0) == 0 || device == "auto", "backend", backend,

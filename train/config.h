@@ -57,6 +57,7 @@ struct TrainConfig {
   int64_t seed = 1337;
   int64_t num_threads = 0;                   // intra-op threads; 0 = all cores
   bool tf32 = true;                          // CUDA: float32 products on TF32 tensor cores (nanoGPT's default); no effect on the CPU
+  std::string cuda_graphs = "auto";          // auto (on for one process on CUDA) | true | false: each step replayed as CUDA graphs
   bool compile = false;                      // accepted for nanoGPT compatibility; no effect here
   bool plot = true;                          // redraw out_dir/loss.png at every evaluation
   // data parallel (torchrun; train/distributed.h)

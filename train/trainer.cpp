@@ -60,6 +60,10 @@ uint64_t fnv1a(const void* data, size_t bytes) {
   return h;
 }
 
+// Eager steps before a step is captured as CUDA graphs: the allocator, cuBLAS and the attention
+// kernels' choices settle first.
+constexpr int64_t kEagerStepsBeforeGraphs = 3;
+
 // The median of `values` after the first `skip` (warm-up) ones; 0 when none are left.
 double median_after(const std::vector<double>& values, size_t skip) {
   if (skip >= values.size()) return 0;
@@ -201,6 +205,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   }
   sampler_ = std::make_unique<data::BatchSampler>(train_tokens_, config_.batch_size, config_.model.block_size,
                                                   config_.seed, vocab_.size());
+  batch_ = std::make_unique<DeviceBatch>(config_.batch_size, config_.model.block_size, device_);
   // The val split only needs one window; check it now rather than at the first evaluation.
   data::BatchSampler(val_tokens_, 1, config_.model.block_size, 0);
 
@@ -278,13 +283,12 @@ std::pair<torch::Tensor, torch::Tensor> Trainer::next_micro_batch() {
     gen.set_current_seed(static_cast<uint64_t>(config_.seed) * 0x9e3779b97f4a7c15ULL ^
                          (static_cast<uint64_t>(iter_) << 20) ^ static_cast<uint64_t>(global_micro));
   }
-  auto [x, y] = sampler_->next(torch::kCPU);
-  auto batch = runtime::to_device(x, y, device_);
+  batch_->load(*sampler_);
   if (++micro_ == local_micro_steps_) {
     sampler_->skip((world_ - 1 - rank_) * local_micro_steps_);
     micro_ = 0;
   }
-  return batch;
+  return {batch_->x(), batch_->y()};
 }
 
 std::pair<double, int> Trainer::reduce_step(const torch::Tensor& loss_sum) {
@@ -447,6 +451,14 @@ TrainResult Trainer::run_loop() {
   step_options.autocast_dtype = amp_dtype_;
   step_options.scaler = scaler_->enabled() ? scaler_.get() : nullptr;
   step_options.device = device_;
+  const auto graphs = resolve_cuda_graphs(config_.cuda_graphs, device_, world_, optimizer_->fused());
+  if (!graphs.note.empty()) log_->info("{}", graphs.note);
+  if (graphs.on) {
+    graphed_ = std::make_unique<GraphedStep>(model_, *optimizer_, step_options, kEagerStepsBeforeGraphs,
+                                             [this](const std::string& line) { log_->warn("{}", line); });
+    log_->info("[train] CUDA graphs: each step replayed as graphs after {} eager steps (cuda_graphs: {})",
+               kEagerStepsBeforeGraphs, config_.cuda_graphs);
+  }
   double last_val = std::nan("");
   TrainResult result;
   model_->train();
@@ -492,7 +504,8 @@ TrainResult Trainer::run_loop() {
     if (timed) runtime::synchronize(device_);
     const auto t0 = Clock::now();
     const double lr = schedule_.at(iter_);
-    auto loss_sum = train_step(model_, *optimizer_, [this] { return next_micro_batch(); }, lr, step_options);
+    auto loss_sum = graphed_ ? graphed_->step([this] { return next_micro_batch(); }, lr)
+                             : train_step(model_, *optimizer_, [this] { return next_micro_batch(); }, lr, step_options);
     if (timed) runtime::synchronize(device_);
     const double ms = ms_since(t0);
     if (timed) step_ms.push_back(ms);

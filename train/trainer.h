@@ -19,8 +19,10 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_writer.h"
 #include "train/config.h"
+#include "train/device_batch.h"
 #include "train/distributed.h"
 #include "train/grad_scaler.h"
+#include "train/graphed_step.h"
 #include "train/lr_schedule.h"
 
 namespace nanogpt::train {
@@ -85,8 +87,10 @@ class Trainer {
   double val_tokens_per_char_ = 1.0;  // of the val split: the eval line's bits per character
   torch::Tensor train_tokens_, val_tokens_;
   std::unique_ptr<data::BatchSampler> sampler_;
+  std::unique_ptr<DeviceBatch> batch_;  // every micro-batch lands in these buffers
   model::GPT model_{nullptr};
   std::unique_ptr<FlatAdamW> optimizer_;
+  std::unique_ptr<GraphedStep> graphed_;  // cuda_graphs on: the step as CUDA graphs
   std::unique_ptr<CheckpointWriter> writer_;  // rank 0's, while run() trains
   LrSchedule schedule_;
   int64_t iter_ = 0;

@@ -1,6 +1,7 @@
 // libnanogpt_cuda.so: what needs CUDA's own headers (runtime/cuda_plugin.h says why it is apart).
 // Linked against the whole of LibTorch, so opening it maps libtorch_cuda.so and its libraries.
 #include "runtime/cuda_plugin.h"
+#include "runtime/cuda/training.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -43,8 +44,14 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 #endif
 }
 
-const nanogpt::runtime::CudaPlugin kPlugin{compute_capability_major, device_name, peak_memory, reset_peak_memory,
-                                           make_nccl_backend};
+const nanogpt::runtime::CudaPlugin kPlugin{compute_capability_major,
+                                           device_name,
+                                           peak_memory,
+                                           reset_peak_memory,
+                                           make_nccl_backend,
+                                           nanogpt::runtime::cuda::capture_graph,
+                                           nanogpt::runtime::cuda::profile,
+                                           nanogpt::runtime::cuda::set_sync_debug_mode};
 
 }  // namespace
 
