@@ -185,6 +185,36 @@ TEST(FlashAttention, AModelWithFlashAttentionMatchesMath) {
   }
 }
 
+// `attention: auto` trains on the CPU with flash attention from kFlashAttentionFromT on and with
+// chunked attention below it: its logits equal those of the kind it picked, bit for bit, and not the
+// other's.
+TEST(FlashAttention, AutoTrainsWithFlashFromItsT) {
+  for (const int64_t T : {kFlashAttentionFromT, kFlashAttentionFromT / 2}) {
+    ModelConfig cfg;
+    cfg.vocab_size = 11;
+    cfg.block_size = T;
+    cfg.n_layer = 1;
+    cfg.n_head = 2;
+    cfg.n_embd = 16;
+    cfg.dropout = 0.1;
+    auto idx = torch::randint(11, {2, T});
+    torch::Tensor logits[3];
+    const char* kinds[3] = {"auto", "flash", "chunked"};
+    for (int m = 0; m < 3; ++m) {
+      cfg.attention = kinds[m];
+      torch::manual_seed(5);
+      GPT model(cfg);
+      model->train();
+      torch::manual_seed(9);
+      logits[m] = model->logits(idx).detach();
+    }
+    const int picked = T >= kFlashAttentionFromT ? 1 : 2;
+    SCOPED_TRACE("T=" + std::to_string(T));
+    EXPECT_TRUE(torch::equal(logits[0], logits[picked])) << "auto must train with " << kinds[picked];
+    EXPECT_FALSE(torch::equal(logits[0], logits[3 - picked])) << "the kinds must differ in rounding to tell them apart";
+  }
+}
+
 // Never a (T, T) tensor: through forward and backward no single allocation holds one head's fp32
 // scores, and the bytes live at the peak stay under the math path's (B, nh, T, T) weights; the math
 // path, probed the same way, allocates both (so the probe sees what it should).

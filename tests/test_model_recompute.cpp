@@ -16,6 +16,7 @@
 #include "model/fast/causal_softmax.h"
 #include "model/fast/chunked_attention.h"
 #include "model/fast/dropout.h"
+#include "model/fast/flash_attention.h"
 #include "model/gpt.h"
 #include "model/mlp.h"
 #include "model/positions.h"
@@ -175,7 +176,9 @@ TEST(ChunkedAttention, AutoTrainsWithChunkedAttentionAndMatchesMath) {
         }
         logits[m].to(torch::kFloat).pow(2).mean().backward();
       }
-      EXPECT_TRUE(torch::equal(logits[0], logits[1])) << "auto must have taken the chunked path";
+      if (T < kFlashAttentionFromT) {  // from there on auto trains with flash attention (test_model_flash_attention.cpp)
+        EXPECT_TRUE(torch::equal(logits[0], logits[1])) << "auto must have taken the chunked path";
+      }
       const double tol = bf16 ? 2e-2 : 1e-5;
       EXPECT_LE(relative_error(logits[1], logits[2]), tol);
       auto math_params = models[2]->named_parameters();

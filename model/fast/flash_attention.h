@@ -16,6 +16,12 @@
 
 namespace nanogpt::model {
 
+/// `attention: auto` trains on the CPU with flash attention from this T on, with chunked attention
+/// below it (model/fast/chunked_attention.h). Measured on a 2-core AVX2 EPYC, one layer's forward and
+/// backward in fp32, one thread: T 64 (CPU preset) 2.6 ms flash vs 2.1 chunked, which keeps its weights
+/// instead of recomputing them; T 128 9.0 vs 10.8 ms; T 256 with dropout (full preset) 425 vs 537 ms.
+constexpr int64_t kFlashAttentionFromT = 128;
+
 /// causal_softmax(q kᵀ / √hs) v with dropout p on the weights: query i sees keys 0..i. q (B, nh, T,
 /// hs), k and v (B, nkv, T, hs) with nh a multiple of nkv (query head h reads kv head h / (nh / nkv)),
 /// one dtype, fp32 or bf16, on the CPU; the last dimension contiguous or not, any layout. Returns (B,
