@@ -337,6 +337,63 @@ TEST(MatvecRows, Int8IsDynamicQuantizationSummedExactly) {
       }
 }
 
+// Every weight format's product gives a row of x the same bits in a batch of 9 as alone, and the same
+// whichever ranges of rows it is split into (the decoder's threads take whole panels in shares that
+// move with their measured speeds, and serve batches rows that were stepped alone before): the sums'
+// order may depend on neither. And F32Panels, which the other tests reach only through the decoder,
+// against LibTorch in fp64 as the rows above. ctest runs it on each kernel the CPU has.
+TEST(MatvecRows, ARowGetsTheSameBitsInABatchOfAnySizeAndAnySplitOfTheRows) {
+  torch::manual_seed(9);
+  const int64_t rows = 37, cols = 100, B = 9;  // a partial panel, partial steps of 8, 16, 32 and 64 columns
+  auto w = torch::randn({rows, cols});
+  auto x = torch::randn({B, cols});
+  // The formats: (w, x, B, r0, r1, y) -> y[b][r0 .. r1) = w x_b.
+  using Product = std::function<void(const float*, int64_t, int64_t, int64_t, float*)>;
+  auto w_bf16 = w.to(torch::kBFloat16);
+  auto padded = torch::cat({w, torch::zeros({kPanel * 3 - rows, cols})});  // (48, cols): 3 panels
+  auto panels = padded.view({3, kPanel, cols}).permute({0, 2, 1}).contiguous();  // (panel, col, row of panel)
+  auto q = torch::empty({rows, cols}, torch::kByte);
+  auto scale = torch::empty({rows});
+  quantize_rows_int8(w.data_ptr<float>(), rows, cols, q.data_ptr<uint8_t>(), scale.data_ptr<float>());
+  std::vector<uint8_t> int4(int4_bytes(rows, cols));
+  quantize_int4(w.data_ptr<float>(), rows, cols, int4.data());
+  const std::vector<std::pair<std::string, Product>> formats = {
+      {"fp32 rows", [&](const float* xb, int64_t n, int64_t r0, int64_t r1, float* y) {
+         matvec_rows(w.data_ptr<float>(), xb, cols, n, cols, r0, r1, y, rows, false);
+       }},
+      {"bf16 rows", [&](const float* xb, int64_t n, int64_t r0, int64_t r1, float* y) {
+         matvec_rows(reinterpret_cast<const uint16_t*>(w_bf16.data_ptr<c10::BFloat16>()), xb, cols, n, cols, r0, r1,
+                     y, rows, false);
+       }},
+      {"fp32 panels", [&](const float* xb, int64_t n, int64_t r0, int64_t r1, float* y) {
+         matvec_rows(F32Panels{panels.data_ptr<float>(), rows, cols}, xb, cols, n, r0, r1, y, rows, false);
+       }},
+      {"int8 rows", [&](const float* xb, int64_t n, int64_t r0, int64_t r1, float* y) {
+         matvec_rows(Int8Rows{q.data_ptr<uint8_t>(), scale.data_ptr<float>()}, xb, cols, n, cols, r0, r1, y, rows,
+                     false);
+       }},
+      {"int4 tiles", [&](const float* xb, int64_t n, int64_t r0, int64_t r1, float* y) {
+         matvec_rows(Int4Tiles{int4.data(), rows, cols}, xb, cols, n, r0, r1, y, rows, false);
+       }},
+  };
+  for (const auto& [name, product] : formats) {
+    auto together = torch::empty({B, rows}), split = torch::empty({B, rows}), alone = torch::empty({B, rows});
+    product(x.data_ptr<float>(), B, 0, rows, together.data_ptr<float>());
+    for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, 16}, {16, 32}, {32, rows}})  // whole panels and tiles
+      product(x.data_ptr<float>(), B, r0, r1, split.data_ptr<float>());
+    for (int64_t b = 0; b < B; ++b) product(x[b].data_ptr<float>(), 1, 0, rows, alone[b].data_ptr<float>());
+    EXPECT_TRUE(torch::equal(together, alone)) << name << ": max difference "
+                                               << (together - alone).abs().max().item<float>();
+    EXPECT_TRUE(torch::equal(together, split)) << name << ": max difference "
+                                               << (together - split).abs().max().item<float>();
+    if (name == "fp32 panels") {
+      auto xd = x.to(torch::kDouble), wd = w.to(torch::kDouble);
+      auto want = xd.mm(wd.t()), magnitude = xd.abs().mm(wd.abs().t());
+      EXPECT_LE(((together.to(torch::kDouble) - want).abs() - 1e-6 * magnitude).max().item<double>(), 0.0);
+    }
+  }
+}
+
 // One token's attention over the cache, per head: softmax(q K^T / sqrt(hs)) V in fp64 from the
 // cache's own values (the new key and value written into their slot first; with a bf16 cache q
 // rounded to bf16 as the scores round it), for the head sizes with a register-held weighted sum of

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "model/fast/avx2.h"
 #include "model/fast/avx512.h"
 #include "model/fast/dot.h"
 #include "model/fast/rope.h"
@@ -65,22 +66,60 @@ __attribute__((target("avx512f"))) void weighted_values(const T* __restrict valu
   for (int k = 0; k < NV; ++k) _mm512_storeu_ps(o + 16 * k, _mm512_add_ps(even[k], odd[k]));
 }
 
-// Whether o = Σ_t w[t] v_t was computed here: AVX-512 kernels (dot.h) and a head size of 16, 32, 64
-// or 128.
-template <typename T>
-bool weighted_values_avx512(const T* values, int64_t Tk, int64_t hs, const float* w, float* o) {
-  if (!avx512_kernels()) return false;
-  switch (hs) {
-    case 16: weighted_values<1>(values, Tk, w, o); return true;
-    case 32: weighted_values<2>(values, Tk, w, o); return true;
-    case 64: weighted_values<4>(values, Tk, w, o); return true;
-    case 128: weighted_values<8>(values, Tk, w, o); return true;
-    default: return false;
+// The same with AVX2 + FMA (8 lanes a register: hs = 8 NV), for CPUs without AVX-512. Head size
+// 128 (NV = 16) has one set of sums: two would take all 16 registers and more.
+template <int NV, typename T>
+__attribute__((target("avx2,fma"))) void weighted_values_avx2(const T* __restrict values, int64_t Tk, const float* w,
+                                                              float* __restrict o) {
+  constexpr int64_t hs = 8 * NV;
+  constexpr bool two = NV <= 8;
+  __m256 even[NV], odd[NV];
+  for (int k = 0; k < NV; ++k) even[k] = odd[k] = _mm256_setzero_ps();
+  int64_t t = 0;
+  if constexpr (two) {
+    for (; t + 2 <= Tk; t += 2) {
+      const T* v = values + t * hs;
+      const __m256 w0 = _mm256_set1_ps(w[t]), w1 = _mm256_set1_ps(w[t + 1]);
+      for (int k = 0; k < NV; ++k) {
+        even[k] = _mm256_fmadd_ps(w0, load8(v + 8 * k), even[k]);
+        odd[k] = _mm256_fmadd_ps(w1, load8(v + hs + 8 * k), odd[k]);
+      }
+    }
   }
+  for (; t < Tk; ++t) {
+    const __m256 w0 = _mm256_set1_ps(w[t]);
+    for (int k = 0; k < NV; ++k) even[k] = _mm256_fmadd_ps(w0, load8(values + t * hs + 8 * k), even[k]);
+  }
+  for (int k = 0; k < NV; ++k) _mm256_storeu_ps(o + 8 * k, _mm256_add_ps(even[k], odd[k]));
+}
+
+// Whether o = Σ_t w[t] v_t was computed here: AVX-512 or AVX2 kernels (kernel_choice.h) and a head
+// size of 16, 32, 64 or 128.
+template <typename T>
+bool weighted_values_intrinsics(const T* values, int64_t Tk, int64_t hs, const float* w, float* o) {
+  if (avx512_kernels()) {
+    switch (hs) {
+      case 16: weighted_values<1>(values, Tk, w, o); return true;
+      case 32: weighted_values<2>(values, Tk, w, o); return true;
+      case 64: weighted_values<4>(values, Tk, w, o); return true;
+      case 128: weighted_values<8>(values, Tk, w, o); return true;
+      default: return false;
+    }
+  }
+  if (avx2_kernels()) {
+    switch (hs) {
+      case 16: weighted_values_avx2<2>(values, Tk, w, o); return true;
+      case 32: weighted_values_avx2<4>(values, Tk, w, o); return true;
+      case 64: weighted_values_avx2<8>(values, Tk, w, o); return true;
+      case 128: weighted_values_avx2<16>(values, Tk, w, o); return true;
+      default: return false;
+    }
+  }
+  return false;
 }
 #else
 template <typename T>
-bool weighted_values_avx512(const T*, int64_t, int64_t, const float*, float*) { return false; }
+bool weighted_values_intrinsics(const T*, int64_t, int64_t, const float*, float*) { return false; }
 #endif
 
 // p = softmax(p · scale) over Tk scores, in place.
@@ -99,7 +138,7 @@ __attribute__((always_inline)) inline void attend_softmax_values(const T* __rest
                                                                  float scale, float* __restrict p,
                                                                  float* __restrict o) {
   softmax_in_place(p, Tk, scale);
-  if (weighted_values_avx512(values, Tk, hs, p, o)) return;
+  if (weighted_values_intrinsics(values, Tk, hs, p, o)) return;
   std::fill(o, o + hs, 0.0f);
   for (int64_t t = 0; t < Tk; ++t) {
     const T* v = values + t * hs;
@@ -302,6 +341,37 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void int8_dots_vnni(const
     _mm512_storeu_ps(p + tile * kKeyTile, _mm512_maskz_cvtepi32_ps(0xFFFF, sum));  // (masked: GCC 12 bug 105593)
   }
 }
+
+// The same with AVX2 (no VNNI): each 32-byte half of a chunk is 4 dims of 8 keys. VPMADDUBSW takes
+// an unsigned and a signed operand and saturates pairs in int16, which the stored k8 + 128 (up to
+// 255) times q8 would overflow; so the keys go back to k8 (XOR 0x80: |k8| <= 127), |k8| multiplies
+// q8 with k8's sign (VPSIGNB), pairs <= 2 * 127 * 127 fit, and VPMADDWD by ones adds each key's two
+// pairs into int32. Then 128 Σ q8 added back: the same integers as the other kernels.
+__attribute__((target("avx2,fma"))) void int8_dots_avx2(const uint8_t* keys, int64_t hs, int64_t Tk, const int8_t* q8,
+                                                        float* p) {
+  const int64_t chunks = hs / 4;
+  int32_t qsum = 0;
+  for (int64_t d = 0; d < hs; ++d) qsum += q8[d];
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1),
+                offset = _mm256_set1_epi32(128 * qsum);
+  for (int64_t tile = 0; tile * kKeyTile < Tk; ++tile) {
+    const uint8_t* k = keys + tile * kKeyTile * hs;
+    __m256i a[2] = {offset, offset};  // keys 0-7, 8-15
+    for (int64_t c = 0; c < chunks; ++c) {
+      int32_t q4;
+      std::memcpy(&q4, q8 + 4 * c, 4);
+      const __m256i qv = _mm256_set1_epi32(q4);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i k8 =
+            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + c * 64 + 32 * h)), flip);
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(k8), _mm256_sign_epi8(qv, k8));
+        a[h] = _mm256_add_epi32(a[h], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    _mm256_storeu_ps(p + tile * kKeyTile, _mm256_cvtepi32_ps(a[0]));
+    _mm256_storeu_ps(p + tile * kKeyTile + 8, _mm256_cvtepi32_ps(a[1]));
+  }
+}
 #endif
 
 // p[t] = k_t · q over the filled slots, from the int8 keys: sk_t sq (Σ_d (k8_td + 128) q8_d − 128 Σ_d q8_d).
@@ -310,6 +380,7 @@ void int8_scores(const uint8_t* keys, int64_t block, int64_t hs, int64_t Tk, con
   const float sq = quantize_row_int8(q, hs, q8, &qsum);
 #if defined(__x86_64__) && defined(__GNUC__)
   if (vnni_kernels()) int8_dots_vnni(keys, hs, Tk, q8, p);
+  else if (avx2_kernels()) int8_dots_avx2(keys, hs, Tk, q8, p);
   else int8_dots_portable(keys, hs, Tk, q8, p);
 #else
   int8_dots_portable(keys, hs, Tk, q8, p);
@@ -326,7 +397,7 @@ NANOGPT_KERNEL(NANOGPT_FMA_CLONES, void, softmax_int8_values, (const int8_t* __r
   softmax_in_place(p, Tk, scale);
 _Pragma("omp simd")
   for (int64_t t = 0; t < Tk; ++t) p[t] *= sv[t];
-  if (weighted_values_avx512(values, Tk, hs, p, o)) return;
+  if (weighted_values_intrinsics(values, Tk, hs, p, o)) return;
   std::fill(o, o + hs, 0.0f);
   for (int64_t t = 0; t < Tk; ++t) {
     const int8_t* v = values + t * hs;

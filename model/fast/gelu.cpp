@@ -9,6 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "model/fast/avx2.h"
 #include "model/fast/avx512.h"
 #include "model/fast/dot.h"
 #include "model/fast/simd.h"
@@ -160,13 +161,96 @@ __attribute__((target("avx512f,avx512bf16"))) void multiply_bf16(const uint16_t*
   for (; i < n; ++i) out[i] = float_to_bf16_bits(bf16_bits_to_float(a[i]) * bf16_bits_to_float(b[i]));
 }
 #undef NANOGPT_AVX512
+
+// The same for CPUs without AVX-512 (a laptop's AVX2 + FMA), 8 lanes a register: 2^n built in the
+// exponent bits (no vscalefps; n is in [-126, 0] after the clamp), and t from vrcpps (2^-12
+// relative) with one Newton step (~2^-23) in either dtype. bf16 rounded by shifts (avx2.h).
+#define NANOGPT_AVX2_GELU __attribute__((target("avx2,fma"), always_inline)) inline
+
+template <bool kFp32>
+NANOGPT_AVX2_GELU __m256 exp8_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(8.3334519073e-3f);
+  if constexpr (kFp32) {
+    p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  }
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+struct Gelu8 {
+  __m256 value, slope;
+};
+template <bool kFp32>
+NANOGPT_AVX2_GELU Gelu8 gelu8(__m256 v) {
+  const __m256 z = _mm256_min_ps(_mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), _mm256_set1_ps(0.70710678f)),
+                                 _mm256_set1_ps(10.0f));
+  const __m256 a = _mm256_fmadd_ps(z, _mm256_set1_ps(0.3275911f), _mm256_set1_ps(1.0f));
+  __m256 t = _mm256_rcp_ps(a);                                                    // 2^-12 relative
+  t = _mm256_mul_ps(t, _mm256_fnmadd_ps(a, t, _mm256_set1_ps(2.0f)));             // ~2^-23
+  __m256 p = _mm256_set1_ps(1.061405429f);
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+  const __m256 e = exp8_nonpositive<kFp32>(_mm256_mul_ps(z, _mm256_sub_ps(_mm256_setzero_ps(), z)));  // exp(-z^2)
+  const __m256 half_erfc = _mm256_mul_ps(_mm256_mul_ps(p, t), _mm256_mul_ps(e, _mm256_set1_ps(0.5f)));
+  const __m256 negative = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 cdf = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), half_erfc), half_erfc, negative);
+  return {_mm256_mul_ps(v, cdf), _mm256_fmadd_ps(_mm256_mul_ps(v, _mm256_set1_ps(0.39894228f)), e, cdf)};
+}
+
+NANOGPT_AVX2_GELU void store16(float* p, __m256 lo, __m256 hi) {
+  _mm256_storeu_ps(p, lo);
+  _mm256_storeu_ps(p + 8, hi);
+}
+NANOGPT_AVX2_GELU void store16(uint16_t* p, __m256 lo, __m256 hi) { store16_bf16(p, lo, hi); }
+
+template <Second second, typename T>
+NANOGPT_AVX2_GELU void gelu_step16_avx2(const T* h, const T* g, T* y, T* out) {
+  constexpr bool fp32 = std::is_same_v<T, float>;
+  const Gelu8 lo = gelu8<fp32>(load8(h)), hi = gelu8<fp32>(load8(h + 8));
+  store16(y, lo.value, hi.value);
+  if constexpr (second == Second::slope) store16(out, lo.slope, hi.slope);
+  if constexpr (second == Second::input_grad)
+    store16(out, _mm256_mul_ps(lo.slope, load8(g)), _mm256_mul_ps(hi.slope, load8(g + 8)));
+}
+
+// n elements of h (and g) -> y (and out), 16 at a time; the last < 16 through a zero-padded copy.
+template <Second second, typename T>
+__attribute__((target("avx2,fma"))) void gelu_avx2(const T* h, const T* g, T* y, T* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(h + i) + kPrefetchBytes, _MM_HINT_T0);
+    if (g) _mm_prefetch(reinterpret_cast<const char*>(g + i) + kPrefetchBytes, _MM_HINT_T0);
+    gelu_step16_avx2<second>(h + i, g ? g + i : nullptr, y + i, out ? out + i : nullptr);
+  }
+  if (i == n) return;
+  T hb[16] = {}, gb[16] = {}, yb[16], ob[16];
+  std::memcpy(hb, h + i, (n - i) * sizeof(T));
+  if (g) std::memcpy(gb, g + i, (n - i) * sizeof(T));
+  gelu_step16_avx2<second>(hb, gb, yb, ob);
+  std::memcpy(y + i, yb, (n - i) * sizeof(T));
+  if (out) std::memcpy(out + i, ob, (n - i) * sizeof(T));
+}
+#undef NANOGPT_AVX2_GELU
 #endif
 
-// Whether the pass covers h: a CPU tensor in fp32 or bf16, on a CPU with AVX-512 (and the hand-written
-// kernels not capped at portable).
+// Whether the pass covers h: a CPU tensor in fp32 or bf16, on a CPU with AVX-512 or AVX2 + FMA (and
+// the hand-written kernels not capped at portable).
 bool covered(const torch::Tensor& h) {
   return NANOGPT_GELU_AVX512 && h.is_cpu() && (h.scalar_type() == torch::kFloat || h.scalar_type() == torch::kBFloat16) &&
-         avx512_kernels();
+         (avx512_kernels() || avx2_kernels());
 }
 
 // The pass over contiguous h (and g, same dtype): y = GELU(h), out = the slope or g * slope.
@@ -185,7 +269,14 @@ void run(const torch::Tensor& h, const torch::Tensor& g, torch::Tensor& y, torch
     const int64_t at = begin * size, n = end - begin;
     const auto* gb = gp ? gp + at : nullptr;
     auto* ob = op ? op + at : nullptr;
-    if (bf16_insn) {
+    if (!avx512_kernels()) {
+      if (bf16)
+        gelu_avx2<second>(reinterpret_cast<const uint16_t*>(hp + at), reinterpret_cast<const uint16_t*>(gb),
+                          reinterpret_cast<uint16_t*>(yp + at), reinterpret_cast<uint16_t*>(ob), n);
+      else
+        gelu_avx2<second>(reinterpret_cast<const float*>(hp + at), reinterpret_cast<const float*>(gb),
+                          reinterpret_cast<float*>(yp + at), reinterpret_cast<float*>(ob), n);
+    } else if (bf16_insn) {
       gelu_avx512_bf16<second>(reinterpret_cast<const uint16_t*>(hp + at), reinterpret_cast<const uint16_t*>(gb),
                                reinterpret_cast<uint16_t*>(yp + at), reinterpret_cast<uint16_t*>(ob), n);
     } else if (bf16) {

@@ -1,9 +1,9 @@
 // Weights quantized to 4 bits in tiles of 16 rows (dot.h's Int4Tiles, `nanogpt sample
 // --quantize=int4`, for the blocks' matrices): the quantization, a bf16 step and minimum for every
 // 64 columns of a row, tile by tile in parallel; the products, each row of x quantized to int8 as
-// for the int8 product, the exact integer sums over a group's nibble planes (AVX512-VNNI, or
-// portable loops with the same bits), then the group's step and minimum applied in fp32 fused
-// multiply-adds; and one weight read back as the products use it (int4_weight).
+// for the int8 product, the exact integer sums over a group's nibble planes (AVX512-VNNI, AVX2's
+// VPMADDUBSW, or portable loops: the same bits), then the group's step and minimum applied in fp32
+// fused multiply-adds; and one weight read back as the products use it (int4_weight).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "model/fast/avx2.h"
 #include "model/fast/avx512.h"
 #include "model/fast/dot.h"
 #include "model/fast/kernel_choice.h"
@@ -130,6 +131,55 @@ void matvec_rows_int4_vnni(const Int4Tiles& w, const int8_t* __restrict xq, cons
       }
       alignas(64) float out[kInt4Tile];
       _mm512_store_ps(out, acc);
+      store_tile(out, s[b], row0, r1, y + b * y_stride, accumulate);
+    }
+  }
+}
+
+// Without VNNI (a laptop's AVX2): a chunk is two registers (rows 0-7, rows 8-15); VPMADDUBSW
+// multiplies each plane's nibbles (unsigned, <= 15) by four broadcast bytes of x (signed) and adds
+// them in pairs into int16 (|pair| <= 2 * 15 * 127: no saturation), the low and high planes' pairs
+// added in int16 too (<= 7,620), and VPMADDWD by ones adds the lane's two pairs into its row's int32
+// sum. Integer sums, then the same FMAs in the same order as the portable loops: the same bits.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256i x4_avx2(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+__attribute__((target("avx2,fma")))
+void matvec_rows_int4_avx2(const Int4Tiles& w, const int8_t* __restrict xq, const float* s, const float* gsum,
+                           int64_t B, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+  const int64_t groups = int4_groups(w.cols), padded = groups * kInt4Group;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int64_t row0 = r0; row0 < r1; row0 += kInt4Tile) {
+    const uint8_t* tile = w.data + row0 / kInt4Tile * groups * kInt4GroupBytes;
+    for (int64_t b = 0; b < B; ++b) {
+      __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // rows 0-7, 8-15
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* p = tile + g * kInt4GroupBytes;
+        const int8_t* xg = xq + b * padded + g * kInt4Group;
+        __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int64_t c = 0; c < kInt4Chunks; ++c) {
+          const __m256i xlo = x4_avx2(xg + 8 * c), xhi = x4_avx2(xg + 8 * c + 4);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + c * 64 + 32 * h));
+            const __m256i pairs = _mm256_add_epi16(
+                _mm256_maddubs_epi16(_mm256_and_si256(v, nibble), xlo),
+                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), nibble), xhi));
+            sum[h] = _mm256_add_epi32(sum[h], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+        const auto* dm = reinterpret_cast<const uint16_t*>(p + kInt4Chunks * 64);  // the 16 rows' d, then their m (bf16)
+        const __m256 gs = _mm256_set1_ps(gsum[b * groups + g]);
+        for (int h = 0; h < 2; ++h) {
+          acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[h]), load8(dm + 8 * h), acc[h]);
+          acc[h] = _mm256_fmadd_ps(load8(dm + kInt4Tile + 8 * h), gs, acc[h]);
+        }
+      }
+      alignas(32) float out[kInt4Tile];
+      _mm256_store_ps(out, acc[0]);
+      _mm256_store_ps(out + 8, acc[1]);
       store_tile(out, s[b], row0, r1, y + b * y_stride, accumulate);
     }
   }
@@ -274,6 +324,8 @@ void matvec_rows(const Int4Tiles& w, const float* __restrict x, int64_t x_stride
 #if NANOGPT_X86_INTRINSICS
   if (vnni_kernels())
     return matvec_rows_int4_vnni(w, xq.data(), s.data(), gsum.data(), B, r0, r1, y, y_stride, accumulate);
+  if (avx2_kernels())
+    return matvec_rows_int4_avx2(w, xq.data(), s.data(), gsum.data(), B, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_rows_int4_portable(w, xq.data(), s.data(), gsum.data(), B, r0, r1, y, y_stride, accumulate);
 }

@@ -1,15 +1,16 @@
 // Weights quantized to int8 row by row, as dynamic quantization stores a Linear layer's (dot.h's
 // Int8Rows, `nanogpt sample --quantize=int8`), and their products: each row of x quantized to int8
 // by its own scale (quantize_row_int8, which the int4 product and the int8 KV cache also use), the
-// integer products summed exactly in int32 (AVX512-VNNI's VPDPBUSD, four pairs an instruction, or
-// plain C++ lane sums with the same bits), then scaled in fp32. The weights are quantized by the
-// same rule as the inputs.
+// integer products summed exactly in int32 (AVX512-VNNI's VPDPBUSD, four pairs an instruction,
+// AVX2's VPMADDWD, two, or plain C++ lane sums: the same bits), then scaled in fp32. The weights are
+// quantized by the same rule as the inputs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "model/fast/avx2.h"
 #include "model/fast/dot.h"
 #include "model/fast/kernel_choice.h"
 #include "model/fast/products.h"
@@ -98,6 +99,34 @@ void matvec_rows_int8_vnni(const Int8Rows& w, const int8_t* __restrict xq, const
                            bool accumulate) {
   matvec_rows_int8_blocks(w, xq, xs, xsum, B, cols, r0, r1, y, y_stride, accumulate, Avx512VnniSums{});
 }
+
+// Without VNNI (a laptop's AVX2): 16 bytes of each of four rows and of x widened to int16
+// (VPMOVZXBW, VPMOVSXBW), then VPMADDWD adds each lane's two products into int32: exact (|product|
+// < 2^15, no saturation, as VPMADDUBSW's pairs of 255 * 127 would have), the same sums.
+struct Avx2Int8Sums {
+  static constexpr int64_t kStep = 16;
+  __attribute__((target("avx2,fma"))) void operator()(const uint8_t* const (&w)[kRowBlock],
+                                                      const int8_t* __restrict xb, int64_t full,
+                                                      int32_t (&s)[kRowBlock]) const {
+    __m256i a[kRowBlock];
+    for (int64_t k = 0; k < kRowBlock; ++k) a[k] = _mm256_setzero_si256();
+    for (int64_t i = 0; i < full; i += kStep) {
+      const __m256i xv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + i)));
+      for (int64_t k = 0; k < kRowBlock; ++k) {
+        const __m256i wv = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[k] + i)));
+        a[k] = _mm256_add_epi32(a[k], _mm256_madd_epi16(wv, xv));
+      }
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(s), sum_lanes4(a[0], a[1], a[2], a[3]));
+  }
+};
+
+__attribute__((target("avx2,fma"), flatten))
+void matvec_rows_int8_avx2(const Int8Rows& w, const int8_t* __restrict xq, const float* xs, const int32_t* xsum,
+                           int64_t B, int64_t cols, int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride,
+                           bool accumulate) {
+  matvec_rows_int8_blocks(w, xq, xs, xsum, B, cols, r0, r1, y, y_stride, accumulate, Avx2Int8Sums{});
+}
 #endif
 
 // x (cols) -> xq = nearbyint(x / s), s = max|x| / 127 (1 for zeros); returns s, and Σ xq in *sum.
@@ -178,14 +207,68 @@ float quantize_row_int8_avx512(const float* __restrict x, int64_t cols, int8_t* 
   *sum = t;
   return s;
 }
+
+// The same in AVX2, the same bits: 8 values a step, the last < 8 through a zero-padded copy (its
+// zeros change neither the largest |x| nor the sums, and their bytes are not stored).
+__attribute__((target("avx2,fma")))
+float quantize_row_int8_avx2(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
+  const int64_t full = cols - cols % 8;
+  alignas(32) float last[8] = {};
+  std::copy(x + full, x + cols, last);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 amax = _mm256_setzero_ps(), nonfinite = _mm256_setzero_ps();
+  for (int64_t i = 0; i <= full; i += 8) {
+    const __m256 v = _mm256_loadu_ps(i < full ? x + i : last);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+    nonfinite = _mm256_add_ps(nonfinite, _mm256_sub_ps(v, v));
+  }
+  alignas(32) float lanes[8], holes[8];
+  _mm256_store_ps(lanes, amax);
+  _mm256_store_ps(holes, nonfinite);
+  float m = 0.0f, bad = 0.0f;
+  for (int k = 0; k < 8; ++k) {
+    m = std::max(m, lanes[k]);
+    bad += holes[k];
+  }
+  if (bad != 0.0f) {  // NaN compares unequal
+    std::fill(xq, xq + cols, int8_t{0});
+    *sum = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = m > 0.0f ? m / 127.0f : 1.0f;
+  const __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  __m256i total = _mm256_setzero_si256();
+  for (int64_t i = 0; i <= full; i += 8) {
+    const __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(i < full ? x + i : last), sv),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i q = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+    total = _mm256_add_epi32(total, q);
+    // 8 int32 -> 8 bytes: packs within 128-bit halves, so the halves' 4 bytes are joined after
+    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+    const __m128i bytes = _mm_packs_epi16(words, words);
+    if (i < full) _mm_storel_epi64(reinterpret_cast<__m128i*>(xq + i), bytes);
+    else {
+      alignas(16) int8_t tail[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(tail), bytes);
+      std::copy(tail, tail + (cols - full), xq + i);
+    }
+  }
+  alignas(32) int32_t parts[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(parts), total);
+  int32_t t = 0;
+  for (int k = 0; k < 8; ++k) t += parts[k];
+  *sum = t;
+  return s;
+}
 #endif
 
 }  // namespace
 
-// The AVX-512 version unless NANOGPT_KERNELS=portable.
+// The AVX-512 or AVX2 version unless NANOGPT_KERNELS=portable.
 float quantize_row_int8(const float* __restrict x, int64_t cols, int8_t* __restrict xq, int32_t* sum) {
 #if NANOGPT_X86_INTRINSICS
   if (avx512_kernels()) return quantize_row_int8_avx512(x, cols, xq, sum);
+  if (avx2_kernels()) return quantize_row_int8_avx2(x, cols, xq, sum);
 #endif
   return quantize_row_int8_portable(x, cols, xq, sum);
 }
@@ -211,6 +294,8 @@ void matvec_rows(const Int8Rows& w, const float* __restrict x, int64_t x_stride,
 #if NANOGPT_X86_INTRINSICS
   if (vnni_kernels())
     return matvec_rows_int8_vnni(w, xq.data(), xs.data(), xsum.data(), B, cols, r0, r1, y, y_stride, accumulate);
+  if (avx2_kernels())
+    return matvec_rows_int8_avx2(w, xq.data(), xs.data(), xsum.data(), B, cols, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_rows_int8_portable(w, xq.data(), xs.data(), xsum.data(), B, cols, r0, r1, y, y_stride, accumulate);
 }

@@ -10,10 +10,12 @@ namespace nanogpt::model {
 namespace {
 
 struct KernelChoice {
-  bool clones = true;   // each loop's widest clone, not its baseline build
-  bool avx512 = false;  // AVX-512F intrinsics
-  bool bf16 = false;    // AVX512-BF16
-  bool vnni = false;    // AVX512-VNNI (with AVX512-BW) for the int8 products
+  bool clones = true;        // each loop's widest clone (or AVX2 build), not its baseline build
+  bool clones_avx2 = false;  // each loop's AVX2 build in place of a wider clone
+  bool avx2 = false;         // AVX2 + FMA intrinsics
+  bool avx512 = false;       // AVX-512F intrinsics
+  bool bf16 = false;         // AVX512-BF16
+  bool vnni = false;         // AVX512-VNNI (with AVX512-BW) for the int8 products
 };
 
 const KernelChoice& kernel_choice() {
@@ -21,15 +23,23 @@ const KernelChoice& kernel_choice() {
     KernelChoice c;
     const char* env = std::getenv("NANOGPT_KERNELS");
     const std::string cap = env ? env : "";
-    if (!cap.empty() && cap != "avx512f" && cap != "portable")
-      fmt::print(stderr, "[model] warning: NANOGPT_KERNELS={} is not a kernel set (avx512f or portable): ignored\n", cap);
+    if (!cap.empty() && cap != "avx512f" && cap != "avx2" && cap != "portable")
+      fmt::print(stderr,
+                 "[model] warning: NANOGPT_KERNELS={} is not a kernel set (avx512f, avx2 or portable): ignored\n",
+                 cap);
     if (cap == "portable") {
       c.clones = false;
       return c;
     }
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f")) return c;
+    c.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool avx512 = __builtin_cpu_supports("avx512f");
+    if (cap == "avx2") {
+      c.clones_avx2 = avx512;  // (a CPU without AVX-512 picks that clone itself)
+      return c;
+    }
+    if (!avx512) return c;
     c.avx512 = true;
     if (cap == "avx512f") return c;
     c.bf16 = __builtin_cpu_supports("avx512bf16");
@@ -43,8 +53,10 @@ const KernelChoice& kernel_choice() {
 }  // namespace
 
 bool avx512_kernels() { return kernel_choice().avx512; }
+bool avx2_kernels() { return kernel_choice().avx2; }
 bool avx512_bf16_kernels() { return kernel_choice().bf16; }
 bool vnni_kernels() { return kernel_choice().vnni; }
 bool simd_kernels() { return kernel_choice().clones; }
+bool simd_capped_at_avx2() { return kernel_choice().clones_avx2; }
 
 }  // namespace nanogpt::model

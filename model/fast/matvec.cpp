@@ -1,12 +1,13 @@
 // The products of a weight matrix stored row by row in fp32 or bf16 with one or more rows of x
 // (dot.h's matvec_rows for float and uint16_t weights): the decoder's embeddings and head, its bf16
 // matrices where the CPU has no AVX512-BF16 for the panels, and attention's scores over the cached
-// keys. Four weight rows at a time, so that each load of x feeds four of them, in one of three
+// keys. Four weight rows at a time, so that each load of x feeds four of them, in one of four
 // kernels picked by CPU feature: plain C++ lane sums that each instruction-set clone vectorises,
-// AVX-512 FMAs, or AVX512-BF16 dot products. Shares too large to stay in cache are streamed with
+// AVX2 FMAs, AVX-512 FMAs, or AVX512-BF16 dot products. Shares too large to stay in cache are streamed with
 // prefetches, on AMD CPUs only.
 #include <cstdint>
 
+#include "model/fast/avx2.h"
 #include "model/fast/avx512.h"
 #include "model/fast/dot.h"
 #include "model/fast/kernel_choice.h"
@@ -199,6 +200,42 @@ void matvec_rows_avx512_bf16(const uint16_t* __restrict w, const uint16_t* __res
   matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, Avx512Bf16DotSums{});
 }
 
+// Without AVX-512 (a laptop's AVX2 + FMA): 8 weights of each of four rows into four FMAs per load
+// of x, bf16 widened by a shift (load8). N rows of x two at a time (8 accumulators and the four
+// weights' registers: AVX2 has 16), each row of x in the same operations and order whatever N.
+struct Avx2Sums {
+  static constexpr int64_t kStep = 8;
+  static constexpr bool kTiles = true;
+  template <int64_t N, typename W, typename X>
+  __attribute__((target("avx2,fma"))) void tile(const W* const (&w)[kRowBlock], const X* const (&x)[N],
+                                                int64_t full, float (&s)[N][kRowBlock]) const {
+    for (int64_t j0 = 0; j0 < N; j0 += 2) {
+      const int64_t n = N - j0 < 2 ? N - j0 : 2;
+      __m256 a[2][kRowBlock];
+      for (int64_t j = 0; j < 2; ++j)
+        for (int64_t k = 0; k < kRowBlock; ++k) a[j][k] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < full; i += kStep) {
+        const __m256 w0 = load8(w[0] + i), w1 = load8(w[1] + i), w2 = load8(w[2] + i), w3 = load8(w[3] + i);
+        for (int64_t j = 0; j < n; ++j) {
+          const __m256 xv = load8(x[j0 + j] + i);
+          a[j][0] = _mm256_fmadd_ps(w0, xv, a[j][0]);
+          a[j][1] = _mm256_fmadd_ps(w1, xv, a[j][1]);
+          a[j][2] = _mm256_fmadd_ps(w2, xv, a[j][2]);
+          a[j][3] = _mm256_fmadd_ps(w3, xv, a[j][3]);
+        }
+      }
+      for (int64_t j = 0; j < n; ++j) _mm_storeu_ps(s[j0 + j], sum_lanes4(a[j][0], a[j][1], a[j][2], a[j][3]));
+    }
+  }
+};
+
+template <typename W, typename X>
+__attribute__((target("avx2,fma"), flatten))
+void matvec_rows_avx2(const W* __restrict w, const X* __restrict x, int64_t x_stride, int64_t B, int64_t cols,
+                      int64_t r0, int64_t r1, float* __restrict y, int64_t y_stride, bool accumulate) {
+  matvec_rows_blocks(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate, Avx2Sums{});
+}
+
 #endif
 
 
@@ -208,6 +245,8 @@ void matvec_rows_any(const W* __restrict w, const X* __restrict x, int64_t x_str
 #if NANOGPT_X86_INTRINSICS
   if (avx512_kernels())
     return matvec_rows_avx512(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
+  if (avx2_kernels())
+    return matvec_rows_avx2(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_rows_portable(w, x, x_stride, B, cols, r0, r1, y, y_stride, accumulate);
 }

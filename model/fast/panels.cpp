@@ -1,13 +1,14 @@
 // The blocks' weight matrices in panels of 16 rows (dot.h's F32Panels and Bf16Panels) and their
 // products with several rows of x at once (serve's batches): each output sits in one vector lane and
 // is summed over the columns in order, so a row gets the same bits in a batch of any size while the
-// batch shares every load of a weight. fp32 by AVX-512 FMAs (or portable loops built for AVX + FMA
-// and the baseline), bf16 by AVX512-BF16's dot product a pair of columns at a time. A large batch
+// batch shares every load of a weight. fp32 by AVX-512 FMAs, AVX2 FMAs (or portable loops built for
+// AVX + FMA and the baseline), bf16 by AVX512-BF16's dot product a pair of columns at a time. A large batch
 // goes over the panels in slices that stay in L2, fetching the next slice while it computes.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "model/fast/avx2.h"
 #include "model/fast/dot.h"
 #include "model/fast/kernel_choice.h"
 #include "model/fast/products.h"
@@ -17,6 +18,12 @@ namespace nanogpt::model {
 
 namespace {
 
+// The portable loops with no fused multiply-adds: GCC contracted `acc += w * x` into FMAs in some of
+// the (P, N) passes of the FMA clone and not in others, so an output's bits depended on which pass
+// took its panel, i.e. on where the decoder's threads split the rows (their shares move with their
+// measured speeds): a row of a batch of 9 differed from the row alone by ~2e-7 on 2 threads.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 // Panels p0 .. p0 + P - 1 (rows row0 .. row0 + 16P - 1, those below r1 stored) against rows x[0 .. N)
 // of x: P * N accumulators, one multiply-add a column each, columns in order.
 template <int P, int N, typename Store>
@@ -109,6 +116,8 @@ NANOGPT_KERNEL(NANOGPT_FMA_ONLY_CLONES, void, matvec_panels_portable, (const F32
   panel_passes<PortablePanels>(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
 })
 
+#pragma GCC pop_options
+
 #if NANOGPT_X86_INTRINSICS
 // Panels p0 .. p0 + P - 1's accumulators (a lane a row, one register for each row of x) into y
 // (or added to it), the rows below r1.
@@ -168,6 +177,73 @@ __attribute__((target("avx512f"), flatten)) void matvec_panels_avx512(const F32P
                                                                       int64_t r1, float* __restrict y, int64_t y_stride,
                                                                       bool accumulate) {
   panel_passes<Avx512Panels>(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+}
+
+// Without AVX-512 (a laptop's AVX2 + FMA): a panel's 16 rows are two registers, so P panels
+// against N rows of x go as sub-blocks of 8 accumulators (AVX2 has 16 registers): 4 panels a pass
+// for one row of x (8 independent chains of FMAs), else one panel against 4 rows of x. Each output
+// is still one FMA a column, columns in order: the same bits whatever the sub-blocks.
+template <int PC, int NC>
+__attribute__((target("avx2,fma"), always_inline)) inline void avx2_panel_tile(const float* wp, int64_t cols,
+                                                                              const float* x, int64_t x_stride,
+                                                                              int64_t row0, int64_t r1, float* y,
+                                                                              int64_t y_stride, bool accumulate) {
+  __m256 acc[PC][NC][2];
+  for (int p = 0; p < PC; ++p)
+    for (int n = 0; n < NC; ++n) acc[p][n][0] = acc[p][n][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < cols; ++k) {
+    for (int n = 0; n < NC; ++n) {
+      const __m256 xv = _mm256_broadcast_ss(x + n * x_stride + k);
+      for (int p = 0; p < PC; ++p) {
+        const float* wk = wp + (p * cols + k) * kPanel;
+        acc[p][n][0] = _mm256_fmadd_ps(_mm256_loadu_ps(wk), xv, acc[p][n][0]);
+        acc[p][n][1] = _mm256_fmadd_ps(_mm256_loadu_ps(wk + 8), xv, acc[p][n][1]);
+      }
+    }
+  }
+  for (int p = 0; p < PC; ++p) {
+    for (int n = 0; n < NC; ++n) {
+      alignas(32) float out[kPanel];
+      _mm256_store_ps(out, acc[p][n][0]);
+      _mm256_store_ps(out + 8, acc[p][n][1]);
+      store_panel_row(out, row0 + p * kPanel, r1, y + n * y_stride, accumulate);
+    }
+  }
+}
+
+template <int P, int N>
+struct Avx2Panels {
+  __attribute__((target("avx2,fma"))) static void run(const F32Panels& w, int64_t p0, const float* x,
+                                                      int64_t x_stride, int64_t r1, float* y, int64_t y_stride,
+                                                      bool accumulate, Prefetch&) {
+    const int64_t cols = w.cols;
+    for (int p = 0; p < P;) {
+      const float* wp = w.data + (p0 + p) * kPanel * cols;
+      const int64_t row0 = (p0 + p) * kPanel;
+      if (row0 >= r1) break;
+      if constexpr (N == 1) {
+        if (p + 4 <= P) {
+          avx2_panel_tile<4, 1>(wp, cols, x, x_stride, row0, r1, y, y_stride, accumulate);
+          p += 4;
+          continue;
+        }
+        avx2_panel_tile<1, 1>(wp, cols, x, x_stride, row0, r1, y, y_stride, accumulate);
+      } else {
+        static_assert(N % 4 == 0, "rows of x in fours");
+        for (int n = 0; n < N; n += 4)
+          avx2_panel_tile<1, 4>(wp, cols, x + n * x_stride, x_stride, row0, r1, y + n * y_stride, y_stride,
+                                accumulate);
+      }
+      ++p;
+    }
+  }
+};
+
+__attribute__((target("avx2,fma"), flatten)) void matvec_panels_avx2(const F32Panels& w, const float* __restrict x,
+                                                                     int64_t x_stride, int64_t B, int64_t r0,
+                                                                     int64_t r1, float* __restrict y,
+                                                                     int64_t y_stride, bool accumulate) {
+  panel_passes<Avx2Panels>(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
 }
 
 // Bf16Panels (x in bf16, each row's pairs side by side, x_stride even): P panels against N rows of
@@ -249,6 +325,7 @@ void matvec_rows(const F32Panels& w, const float* __restrict x, int64_t x_stride
                  float* __restrict y, int64_t y_stride, bool accumulate) {
 #if NANOGPT_X86_INTRINSICS
   if (avx512_kernels()) return matvec_panels_avx512(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
+  if (avx2_kernels()) return matvec_panels_avx2(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
 #endif
   matvec_panels_portable(w, x, x_stride, B, r0, r1, y, y_stride, accumulate);
 }

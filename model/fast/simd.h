@@ -20,24 +20,37 @@
 /// AVX-512, AVX + FMA and the baseline (NANOGPT_FMA_CLONES), or AVX + FMA and the baseline
 /// (NANOGPT_FMA_ONLY_CLONES). By ISA, not CPU model (`arch=` tests for one vendor's models: an AMD
 /// CPU with AVX-512 got the plain variant). Elsewhere (64-bit Arm, clang) each is one plain build.
+/// Each has a `_AVX2` twin: the one clone an AVX2 + FMA CPU picks from it, built alone.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define NANOGPT_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define NANOGPT_FMA_CLONES __attribute__((target_clones("avx512f", "fma", "default")))
 #define NANOGPT_FMA_ONLY_CLONES __attribute__((target_clones("fma", "default")))
+#define NANOGPT_SIMD_CLONES_AVX2 __attribute__((target("avx2")))
+#define NANOGPT_FMA_CLONES_AVX2 __attribute__((target("fma")))
+#define NANOGPT_FMA_ONLY_CLONES_AVX2 __attribute__((target("fma")))
 #else
 #define NANOGPT_SIMD_CLONES
 #define NANOGPT_FMA_CLONES
 #define NANOGPT_FMA_ONLY_CLONES
+#define NANOGPT_SIMD_CLONES_AVX2
+#define NANOGPT_FMA_CLONES_AVX2
+#define NANOGPT_FMA_ONLY_CLONES_AVX2
 #endif
 
-/// A kernel written once and built twice: with `clones` (one of the macros above) and for the
-/// baseline alone, as `name##_clones` and `name##_baseline`; `name` calls the first, or the second
-/// under NANOGPT_KERNELS=portable (kernel_choice.h), so one machine runs the code other CPUs run.
-/// `params` and `args` are parenthesised lists; the body follows in braces.
-#define NANOGPT_KERNEL(clones, ret, name, params, args, ...) \
-  clones ret name##_clones params __VA_ARGS__                \
-  ret name##_baseline params __VA_ARGS__                     \
-  ret name params { return simd_kernels() ? name##_clones args : name##_baseline args; }
+/// A kernel written once and built three times: with `clones` (one of the macros above), as the
+/// clone an AVX2 + FMA CPU picks (`clones`_AVX2), and for the baseline alone, as `name##_clones`,
+/// `name##_avx2` and `name##_baseline`; `name` calls the first, the second under
+/// NANOGPT_KERNELS=avx2 on a CPU with AVX-512, or the third under NANOGPT_KERNELS=portable
+/// (kernel_choice.h), so one machine runs the code other CPUs run. `params` and `args` are
+/// parenthesised lists; the body follows in braces.
+#define NANOGPT_KERNEL(clones, ret, name, params, args, ...)                                     \
+  clones ret name##_clones params __VA_ARGS__                                                    \
+  clones##_AVX2 ret name##_avx2 params __VA_ARGS__                                               \
+  ret name##_baseline params __VA_ARGS__                                                         \
+  ret name params {                                                                              \
+    if (!simd_kernels()) return name##_baseline args;                                            \
+    return simd_capped_at_avx2() ? name##_avx2 args : name##_clones args;                        \
+  }
 
 namespace nanogpt::model {
 
