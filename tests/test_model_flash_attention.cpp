@@ -142,44 +142,55 @@ TEST(FlashAttention, ReadsTransposedInputsInPlace) {
   EXPECT_TRUE(torch::equal(y, y_contiguous));
 }
 
+namespace {
+
+// A small training model of context T with dropout 0.1 and grouped-query heads, whose attention is `kind`,
+// its weights drawn from seed 5.
+GPT dropout_model(int64_t T, const char* kind) {
+  ModelConfig cfg;
+  cfg.vocab_size = 11;
+  cfg.block_size = T;
+  cfg.n_layer = 2;
+  cfg.n_head = 4;
+  cfg.n_kv_head = 2;
+  cfg.n_embd = 32;
+  cfg.dropout = 0.1;
+  cfg.attention = kind;
+  torch::manual_seed(5);
+  GPT model(cfg);
+  model->train();
+  return model;
+}
+
+// One training forward (dropout seed 9) and, with `backward`, the gradients of mean(logits²).
+torch::Tensor train_logits(GPT& model, const torch::Tensor& idx, bool bf16, bool backward) {
+  model->zero_grad();
+  torch::manual_seed(9);
+  torch::Tensor logits;
+  {
+    nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+    logits = model->logits(idx);
+  }
+  if (backward) logits.to(torch::kFloat).pow(2).mean().backward();
+  return logits.detach();
+}
+
+}  // namespace
+
 // A model with `attention: flash` trains as one with `attention: math`: the same logits and every
 // parameter's gradient, with dropout (the same masks), grouped-query heads, in fp32 and under bf16
 // autocast, for a T within one block and one across three.
 TEST(FlashAttention, AModelWithFlashAttentionMatchesMath) {
   for (const int64_t T : {40, 150}) {
-    ModelConfig cfg;
-    cfg.vocab_size = 11;
-    cfg.block_size = T;
-    cfg.n_layer = 2;
-    cfg.n_head = 4;
-    cfg.n_kv_head = 2;
-    cfg.n_embd = 32;
-    cfg.dropout = 0.1;
-    GPT models[2] = {GPT(nullptr), GPT(nullptr)};
-    const char* kinds[2] = {"flash", "math"};
-    for (int m = 0; m < 2; ++m) {
-      cfg.attention = kinds[m];
-      torch::manual_seed(5);
-      models[m] = GPT(cfg);
-    }
+    GPT flash = dropout_model(T, "flash"), math = dropout_model(T, "math");
     auto idx = torch::randint(11, {2, T});
     for (const bool bf16 : {false, true}) {
       SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + " T=" + std::to_string(T));
-      torch::Tensor logits[2];
-      for (int m = 0; m < 2; ++m) {
-        models[m]->train();
-        models[m]->zero_grad();
-        torch::manual_seed(9);  // the same dropout masks in both
-        {
-          nanogpt::runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
-          logits[m] = models[m]->logits(idx);
-        }
-        logits[m].to(torch::kFloat).pow(2).mean().backward();
-      }
+      const auto flash_logits = train_logits(flash, idx, bf16, true), math_logits = train_logits(math, idx, bf16, true);
       const double tol = bf16 ? 3e-2 : 1e-5;
-      EXPECT_LE(relative_error(logits[0], logits[1]), tol);
-      auto math_params = models[1]->named_parameters();
-      for (auto& p : models[0]->named_parameters())
+      EXPECT_LE(relative_error(flash_logits, math_logits), tol);
+      auto math_params = math->named_parameters();
+      for (auto& p : flash->named_parameters())
         EXPECT_LE(relative_error(p.value().grad(), math_params[p.key()].grad()), tol) << p.key();
     }
   }
@@ -190,28 +201,16 @@ TEST(FlashAttention, AModelWithFlashAttentionMatchesMath) {
 // other's.
 TEST(FlashAttention, AutoTrainsWithFlashFromItsT) {
   for (const int64_t T : {kFlashAttentionFromT, kFlashAttentionFromT / 2}) {
-    ModelConfig cfg;
-    cfg.vocab_size = 11;
-    cfg.block_size = T;
-    cfg.n_layer = 1;
-    cfg.n_head = 2;
-    cfg.n_embd = 16;
-    cfg.dropout = 0.1;
-    auto idx = torch::randint(11, {2, T});
-    torch::Tensor logits[3];
-    const char* kinds[3] = {"auto", "flash", "chunked"};
-    for (int m = 0; m < 3; ++m) {
-      cfg.attention = kinds[m];
-      torch::manual_seed(5);
-      GPT model(cfg);
-      model->train();
-      torch::manual_seed(9);
-      logits[m] = model->logits(idx).detach();
-    }
-    const int picked = T >= kFlashAttentionFromT ? 1 : 2;
     SCOPED_TRACE("T=" + std::to_string(T));
-    EXPECT_TRUE(torch::equal(logits[0], logits[picked])) << "auto must train with " << kinds[picked];
-    EXPECT_FALSE(torch::equal(logits[0], logits[3 - picked])) << "the kinds must differ in rounding to tell them apart";
+    auto idx = torch::randint(11, {2, T});
+    auto logits = [&](const char* kind) {
+      GPT model = dropout_model(T, kind);
+      return train_logits(model, idx, false, false);
+    };
+    const auto by_auto = logits("auto"), by_flash = logits("flash"), by_chunked = logits("chunked");
+    const bool flash_picked = T >= kFlashAttentionFromT;
+    EXPECT_TRUE(torch::equal(by_auto, flash_picked ? by_flash : by_chunked));
+    EXPECT_FALSE(torch::equal(by_auto, flash_picked ? by_chunked : by_flash)) << "the kinds must differ in rounding";
   }
 }
 

@@ -93,7 +93,8 @@ const std::array kKeys = {
     MODEL_KEY(rope_base, nullptr, "> 1", "", "RoPE frequency base (pos_encoding rope only)"),
     MODEL_KEY(norm, nullptr, "layernorm | rmsnorm", "", "LayerNorm (nanoGPT) or RMSNorm"),
     MODEL_KEY(attention, nullptr, "auto | math | sdpa | chunked | flash", "",
-        "auto: chunked to train on a CPU, sdpa (LibTorch's fused kernels) for evaluation, sampling and CUDA; "
+        "auto: chunked to train on a CPU (flash from T = 128), sdpa (LibTorch's fused kernels) for evaluation, "
+        "sampling and CUDA; "
         "math: the lesson written out; chunked: math as one node in cache-sized chunks; "
         "flash: blocked online softmax on a CPU, no (T, T) scores"),
     MODEL_KEY(qk_norm, nullptr, "true | false", "", "RMS-normalise each head's queries and keys before RoPE"),
