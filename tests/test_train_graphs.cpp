@@ -12,6 +12,7 @@
 #include "train/device_batch.h"
 #include "train/graphed_step.h"
 #include "train/step.h"
+#include "train/trainer.h"
 #include "train_fixture.h"
 
 using namespace nanogpt;
@@ -105,4 +106,18 @@ TEST(GraphedStep, WarmUpAndFallbackStepsEqualTrainStepBitForBit) {
   for (const auto& p : graphed_model->named_parameters())
     EXPECT_TRUE(torch::equal(p.value(), eager_params[p.key()])) << p.key();
   EXPECT_EQ(graphed_opt.steps(), eager_opt.steps());
+}
+
+TEST(CudaGraphs, TheKeyIsCheckedAndOnACpuTrueSaysItHasNoEffect) {
+  nanogpt::testing::TempDir dir("graphs_key");
+  auto c = nanogpt::testing::tiny_config(dir.path);
+  c.cuda_graphs = "maybe";
+  EXPECT_THROW(c.validate(), std::invalid_argument);
+  c.cuda_graphs = "true";
+  c.device = "cpu";
+  c.max_iters = 4;
+  const auto result = train::Trainer(c, true).run();
+  EXPECT_EQ(result.iter, 4);
+  const std::string log = nanogpt::testing::read_text(c.out_dir + "/train.log");
+  EXPECT_NE(log.find("cuda_graphs: true has no effect on cpu"), std::string::npos) << log;
 }
