@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+namespace nanogpt::model {
+class StepGraphs;  // model/static_decoder.h
+}  // namespace nanogpt::model
+
 namespace nanogpt::runtime {
 
 /// A piece of work captured once as a CUDA graph, replayed on the current stream.
@@ -58,6 +62,10 @@ struct CudaPlugin {
   GpuProfile (*profile)(const std::function<void()>& work);
   /// c10's CUDA sync debug mode: 0 off, 1 warn, 2 error (an operation that syncs the host throws).
   void (*set_sync_debug_mode)(int mode);
+  // sampling (model/cuda/decode_graph.cpp)
+  /// An empty set of decode-step graphs, one per batch-size bucket in one memory pool, for
+  /// model::StaticDecoder::capture.
+  std::unique_ptr<model::StepGraphs> (*decode_graphs)();
 };
 
 /// Loads the plugin (and so libtorch_cuda.so) when `device_name` may use a GPU: "cuda", "cuda:N",

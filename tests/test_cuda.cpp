@@ -16,6 +16,7 @@
 #include "data/batch_sampler.h"
 #include "model/fast/dropout.h"
 #include "model/generate.h"
+#include "model/static_decoder.h"
 #include "runtime/cuda_plugin.h"
 #include "runtime/device.h"
 #include "model/gpt.h"
@@ -433,4 +434,107 @@ TEST(CudaProfile, ThreeStepsOfTheFullPresetEagerAndReplayed) {
     EXPECT_GT(p.kernels, 0);
     EXPECT_LE(p.gpu_busy_ms, p.wall_ms * 1.01);
   }
+}
+
+// ---- Sampling on the GPU: the static KV cache and its step as CUDA graphs (model/static_decoder.h) ----
+
+namespace {
+// A checkpoint trained briefly on the CPU, loaded on the GPU in fp32 with TF32 off.
+model::GPT static_test_gpu_model(const std::string& name) {
+  TempDir dir(name);
+  auto c = tiny_config(dir.path);
+  c.max_iters = 30;
+  c.eval_interval = 30;
+  train::Trainer(c, true).run();
+  runtime::resolve_device("cuda");  // the plugin, for its graphs
+  at::globalContext().setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, at::Float32Precision::IEEE);
+  return train::load_model(c.out_dir + "/" + train::kLastCheckpoint, torch::Device("cuda:0")).model;
+}
+
+std::unique_ptr<model::StepGraphs> gpu_graphs() {
+  const auto* plugin = runtime::cuda_plugin();
+  return plugin ? plugin->decode_graphs() : nullptr;
+}
+}  // namespace
+
+// Greedy through the graphs equals the general path on the GPU, past block_size (16) with the RoPE
+// window sliding and exact; the capture succeeds.
+TEST(CudaSampling, GraphedGreedyEqualsTheGeneralPath) {
+  REQUIRE_GPU();
+  auto gpu = static_test_gpu_model("cuda_static_greedy");
+  ASSERT_NE(runtime::cuda_plugin(), nullptr);
+  for (bool exact : {false, true}) {
+    model::SamplingOptions greedy;
+    greedy.temperature = 0.0;
+    greedy.exact_window = exact;
+    std::mt19937_64 rng(1);
+    const std::vector<int64_t> prompt = {1, 2, 3, 4, 5};
+    auto expected = model::generate(gpu, prompt, 2, 60, greedy, rng);
+    model::StaticDecoder decoder(gpu, 2, torch::kFloat, exact);
+    EXPECT_EQ(decoder.capture(gpu_graphs()), "");
+    EXPECT_TRUE(decoder.graphed());
+    EXPECT_EQ(model::generate_static(decoder, prompt, 2, 60, greedy), expected) << (exact ? "exact window" : "sliding");
+  }
+}
+
+// fp32, TF32 off: each of 16 prompts gives the same greedy text alone (bucket 1) as in a batch of 16
+// (bucket 16: other GEMM shapes, maybe other kernels), and its logits agree within 1e-4.
+TEST(CudaSampling, GreedyAloneEqualsInABatchOf16) {
+  REQUIRE_GPU();
+  auto gpu = static_test_gpu_model("cuda_static_batch");
+  model::SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t i = 0; i < 16; ++i) prompts.push_back({1 + i % 7, 2 + i % 5, 3 + i, 10 + i % 3});
+  model::StaticDecoder batch(gpu, 16, torch::kFloat, false), alone(gpu, 1, torch::kFloat, false);
+  ASSERT_EQ(batch.capture(gpu_graphs()), "");
+  ASSERT_EQ(alone.capture(gpu_graphs()), "");
+  std::vector<std::vector<int64_t>> texts = prompts;
+  std::vector<torch::Tensor> batch_logits;
+  for (int64_t i = 0; i < 16; ++i) {
+    batch.set_options(i, greedy);
+    batch.start(i, prompts[i]);
+  }
+  for (int step = 0; step < 40; ++step) {
+    auto tokens = batch.step(16);
+    batch_logits.push_back(batch.logits(16));
+    for (int64_t i = 0; i < 16; ++i) texts[i].push_back(tokens[i]);
+  }
+  for (int64_t i = 0; i < 16; ++i) {
+    alone.set_options(0, greedy);
+    alone.start(0, prompts[i]);
+    std::vector<int64_t> text = prompts[i];
+    for (int step = 0; step < 40; ++step) {
+      text.push_back(alone.step(1)[0]);
+      const double diff = (alone.logits(1)[0] - batch_logits[step][i]).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-4) << "prompt " << i << " step " << step;
+    }
+    EXPECT_EQ(text, texts[i]) << "prompt " << i;
+  }
+}
+
+// Sampled through the graphs: every token had a non-zero probability under top-k 3, the same seed
+// draws the same text (the generator's philox state read at each replay), another seed another.
+TEST(CudaSampling, GraphedDrawsFollowTheSeedAndTheFilters) {
+  REQUIRE_GPU();
+  auto gpu = static_test_gpu_model("cuda_static_sampled");
+  model::SamplingOptions o;
+  o.temperature = 1.0;
+  o.top_k = 3;
+  model::StaticDecoder decoder(gpu, 4, torch::kFloat, false);
+  ASSERT_EQ(decoder.capture(gpu_graphs()), "");
+  auto run = [&](uint64_t seed) {
+    torch::manual_seed(seed);
+    return model::generate_static(
+        decoder, {1, 2, 3}, 4, 50, o,
+        [&](const std::vector<int64_t>& tokens, const torch::Tensor& probs) {
+          for (size_t b = 0; b < tokens.size(); ++b) EXPECT_GT(probs[b][tokens[b]].item<float>(), 0.0f);
+          return true;
+        },
+        /*with_probs=*/true);
+  };
+  auto a = run(7), b = run(7), c = run(8);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_NE(a[0], a[1]);
 }

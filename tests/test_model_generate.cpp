@@ -1,9 +1,11 @@
 // Sampling: filters on hand-made logits, greedy decoding, determinism, the KV cache giving the
 // same tokens as full recomputation, past block_size too, and bad input.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <random>
 #include <set>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "model/generate.h"
+#include "model/static_decoder.h"
 
 using namespace nanogpt::model;
 
@@ -362,4 +365,193 @@ TEST(BeamSearch, FinishedBeamsStopAndLengthNormalisationRanksPerToken) {
   BeamOptions zero;
   zero.width = 0;
   EXPECT_THROW(beam_search(model, {1}, 3, zero), std::invalid_argument);
+}
+
+// ---- The static KV cache and the device-side step (model/static_decoder.h), on the CPU ----
+
+namespace {
+GPT static_test_model(const std::string& pos, int64_t n_head, int64_t n_kv_head, bool modern = false) {
+  ModelConfig c;
+  c.vocab_size = 13;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = n_head;
+  c.n_kv_head = n_kv_head;
+  c.n_embd = 16;
+  c.pos_encoding = pos;
+  c.attention = "math";
+  if (modern) {  // every switch the step reads beyond nanoGPT's recipe
+    c.qk_norm = true;
+    c.norm = "rmsnorm";
+    c.mlp = "swiglu";
+    c.tie_embeddings = false;
+    c.logit_softcap = 5.0;
+    c.bias = false;
+  } else {
+    c.bias = true;
+  }
+  torch::manual_seed(0);
+  GPT model(c);
+  torch::NoGradGuard no_grad;  // peaked attention, as tiny_model: which tokens are in the context matters
+  for (auto& p : model->named_parameters())
+    if (p.key().find("q_proj") != std::string::npos || p.key().find("k_proj") != std::string::npos) p.value().mul_(30);
+  return model;
+}
+}  // namespace
+
+// Greedy text through the static cache equals generate()'s general path (the lesson's model, no
+// hand-written decoder), in fp32: prompts of one token, a few, and longer than block_size; the RoPE
+// window sliding and exact; learned and sinusoidal positions recomputing their window; grouped-query
+// heads; the modern switches; a batch of 3.
+TEST(StaticDecode, GreedyTextEqualsGenerate) {
+  struct Case {
+    const char* pos;
+    int64_t n_head, n_kv_head;
+    bool modern, exact_window;
+  };
+  for (const Case c : {Case{"rope", 2, 2, false, false}, Case{"rope", 4, 2, false, false}, Case{"rope", 4, 1, true, false},
+                       Case{"rope", 4, 2, false, true}, Case{"learned", 2, 2, false, false},
+                       Case{"sinusoidal", 4, 2, true, false}})
+    for (const std::vector<int64_t>& prompt :
+         {std::vector<int64_t>{4}, std::vector<int64_t>{1, 2, 3}, std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}}) {
+      SCOPED_TRACE(fmt::format("{} nh={} nkv={}{}{} prompt of {}", c.pos, c.n_head, c.n_kv_head, c.modern ? " modern" : "",
+                               c.exact_window ? " exact_window" : "", prompt.size()));
+      auto model = static_test_model(c.pos, c.n_head, c.n_kv_head, c.modern);
+      SamplingOptions greedy;
+      greedy.temperature = 0.0;
+      greedy.exact_window = c.exact_window;
+      greedy.fast_decoder = false;
+      std::mt19937_64 rng(1);
+      auto expected = generate(model, prompt, 3, 20, greedy, rng);  // 20 new tokens: past block_size (8)
+      StaticDecoder decoder(model, 3, torch::kFloat, c.exact_window);
+      auto got = generate_static(decoder, prompt, 3, 20, greedy);
+      EXPECT_EQ(got, expected);
+    }
+}
+
+// Sequences of different lengths side by side in the slots, one entering later and one moved to
+// another slot: every step's logits equal the general path's for that sequence alone (its own KV
+// cache, forward_cached one token at a time), within fp32 rounding.
+TEST(StaticDecode, SlotsOfDifferentLengthsGiveEachSequencesOwnLogits) {
+  auto model = static_test_model("rope", 4, 2);
+  c10::InferenceMode inference;
+  SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  std::vector<std::vector<int64_t>> seqs = {{1}, {2, 3, 4, 5}, {6, 7, 8, 9, 10, 11, 12, 1, 2, 3}};
+  std::vector<torch::Tensor> expected_logits(3);
+  std::vector<KVCache> caches(3);
+  auto reference = [&](int64_t i) {  // the general path's next logits for sequence i, alone
+    auto& s = seqs[i];
+    auto& cache = caches[i];
+    if (cache.k.empty()) {
+      const int64_t begin = std::max<int64_t>(0, static_cast<int64_t>(s.size()) - 8);
+      auto window = torch::tensor(std::vector<int64_t>(s.begin() + begin, s.end()), torch::kLong).view({1, -1});
+      cache = model->make_cache();
+      return model->forward_cached(window, cache)[0];
+    }
+    return model->forward_cached(torch::tensor({s.back()}, torch::kLong).view({1, 1}), cache)[0];
+  };
+  StaticDecoder decoder(model, 3, torch::kFloat, /*exact_window=*/false);
+  for (int64_t i = 0; i < 2; ++i) {
+    decoder.set_options(i, greedy);
+    decoder.start(i, seqs[i]);
+  }
+  std::vector<int64_t> slot_of = {0, 1, -1};
+  int64_t live = 2;
+  for (int step = 0; step < 14; ++step) {
+    if (step == 3) {  // the third sequence enters
+      decoder.set_options(2, greedy);
+      decoder.start(2, seqs[2]);
+      slot_of[2] = 2;
+      live = 3;
+    }
+    if (step == 7) {  // the first leaves; the third moves into its slot
+      decoder.move(2, 0);
+      slot_of = {-1, 1, 0};
+      live = 2;
+    }
+    auto tokens = decoder.step(live);
+    auto logits = decoder.logits(live);
+    for (int64_t i = 0; i < 3; ++i) {
+      if (slot_of[i] < 0) continue;
+      auto expected = reference(i);
+      EXPECT_TRUE(torch::allclose(logits[slot_of[i]], expected, 1e-5, 1e-5))
+          << "sequence " << i << " step " << step << ": " << (logits[slot_of[i]] - expected).abs().max().item<float>();
+      EXPECT_EQ(tokens[slot_of[i]], expected.argmax().item<int64_t>());
+      seqs[i].push_back(tokens[slot_of[i]]);
+    }
+  }
+}
+
+// The row-wise filters give filtered_probs_tensors' distribution for each row's own options: the
+// same tokens kept (ties at the k-th value and at the top-p cut included), the same probabilities.
+TEST(StaticDecode, RowFiltersGiveEachRowsFilteredProbs) {
+  torch::manual_seed(5);
+  auto logits = torch::randn({7, 41}) * 3.0;
+  logits[1].narrow(0, 10, 6).fill_(30.0);  // six equal largest
+  logits[2][7] = 20.0;
+  logits[2][30] = 20.0;  // two maxima: greedy takes the first
+  struct Row {
+    double temperature;
+    int64_t top_k;
+    double top_p;
+  };
+  const std::vector<Row> rows = {{1.0, 0, 1.0}, {0.7, 3, 1.0}, {0.0, 0, 1.0}, {1.3, 12, 0.9},
+                                 {0.8, 0, 0.5}, {1.0, 41, 0.2}, {2.0, 200, 0.999}};
+  RowOptions options(8, torch::kCPU);
+  for (size_t r = 0; r < rows.size(); ++r) options.set(static_cast<int64_t>(r), rows[r].temperature, rows[r].top_k, rows[r].top_p);
+  auto got = filtered_probs_rows(logits, options);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    SamplingOptions o;
+    o.temperature = rows[r].temperature;
+    o.top_k = rows[r].top_k;
+    o.top_p = rows[r].top_p;
+    auto expected = filtered_probs_tensors(logits[static_cast<int64_t>(r)], o);
+    EXPECT_TRUE(torch::equal(got[static_cast<int64_t>(r)] > 0, expected > 0)) << "row " << r << ": the tokens kept";
+    EXPECT_TRUE(torch::allclose(got[static_cast<int64_t>(r)], expected, 1e-6, 1e-7)) << "row " << r;
+  }
+}
+
+// The exponential race draws each token with its probability: zero-probability tokens never, the
+// others within 4.5 standard deviations of p n over 40,000 draws (every row at once, a seeded
+// generator); the same seed draws the same tokens.
+TEST(StaticDecode, TheExponentialRaceDrawsFromTheDistribution) {
+  auto probs = torch::tensor({0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0}, torch::kFloat).unsqueeze(0).repeat({40000, 1});
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  auto drawn = draw_rows(probs, gen);
+  auto counts = torch::bincount(drawn, {}, 7).to(torch::kDouble);
+  for (int64_t i = 0; i < 7; ++i) {
+    const double p = probs[0][i].item<double>(), n = 40000.0;
+    if (p == 0.0) EXPECT_EQ(counts[i].item<double>(), 0.0) << "token " << i;
+    else EXPECT_NEAR(counts[i].item<double>(), p * n, 4.5 * std::sqrt(n * p * (1 - p))) << "token " << i;
+  }
+  EXPECT_TRUE(torch::equal(draw_rows(probs, at::make_generator<at::CPUGeneratorImpl>(11)), drawn));
+  EXPECT_FALSE(torch::equal(draw_rows(probs, at::make_generator<at::CPUGeneratorImpl>(12)), drawn));
+}
+
+// Sampled through the static decoder: the callback sees every token, a seeded generator repeats
+// itself, and every drawn token had a non-zero probability under top-k.
+TEST(StaticDecode, SampledTokensComeFromTheFilteredDistribution) {
+  auto model = static_test_model("rope", 2, 2);
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.top_k = 3;
+  auto run = [&](uint64_t seed, std::vector<std::vector<int64_t>>* seen) {
+    StaticDecoder decoder(model, 2, torch::kFloat, false, at::make_generator<at::CPUGeneratorImpl>(seed));
+    return generate_static(
+        decoder, {1, 2}, 2, 25, o,
+        [&](const std::vector<int64_t>& tokens, const torch::Tensor& probs) {
+          for (size_t b = 0; b < tokens.size(); ++b) EXPECT_GT(probs[b][tokens[b]].item<float>(), 0.0f);
+          EXPECT_EQ((probs > 0).sum(-1).max().item<int64_t>(), 3);
+          if (seen) seen->push_back(tokens);
+          return true;
+        },
+        /*with_probs=*/true);
+  };
+  std::vector<std::vector<int64_t>> seen;
+  auto a = run(3, &seen), b = run(3, nullptr);
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(seen.size(), 25u);
+  for (size_t t = 0; t < seen.size(); ++t) EXPECT_EQ(seen[t][0], a[0][2 + t]);
+  EXPECT_NE(a[0], a[1]);
 }

@@ -1,6 +1,8 @@
 // libnanogpt_cuda.so: what needs CUDA's own headers (runtime/cuda_plugin.h says why it is apart).
 // Linked against the whole of LibTorch, so opening it maps libtorch_cuda.so and its libraries.
 #include "runtime/cuda_plugin.h"
+
+#include "model/cuda/decode_graph.h"
 #include "runtime/cuda/training.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -51,7 +53,8 @@ const nanogpt::runtime::CudaPlugin kPlugin{compute_capability_major,
                                            make_nccl_backend,
                                            nanogpt::runtime::cuda::capture_graph,
                                            nanogpt::runtime::cuda::profile,
-                                           nanogpt::runtime::cuda::set_sync_debug_mode};
+                                           nanogpt::runtime::cuda::set_sync_debug_mode,
+                                           nanogpt::model::cuda::decode_graphs};
 
 }  // namespace
 
