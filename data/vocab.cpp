@@ -4,6 +4,7 @@
 //   char: "nanogpt-vocab/1 <count>\n" followed by the <count> code points, UTF-8 encoded, ascending.
 //   bpe:  "nanogpt-vocab/2 bpe <requested vocab_size> <length>\n" followed by the SentencePiece model
 //         (its ModelProto bytes) in base64, <length> characters.
+//   hf:   "nanogpt-vocab/3 hf <length>\n" followed by tokenizer.json's text, <length> bytes.
 #include "data/vocab.h"
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 #include <stdexcept>
 
 #include "data/bpe.h"
+#include "data/hf_tokenizer.h"
 #include "data/utf8.h"
 
 namespace nanogpt::data {
@@ -20,6 +22,7 @@ namespace {
 constexpr std::string_view kMagic = "nanogpt-vocab/";
 constexpr int kVersion = 1;     // char
 constexpr int kBpeVersion = 2;  // bpe
+constexpr int kHfVersion = 3;   // hf
 constexpr std::string_view kBase64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 constexpr char32_t kMaxCodePoint = 0x10FFFF;
 
@@ -83,19 +86,28 @@ Vocab Vocab::from_bpe_model(std::string model_proto, int64_t requested_vocab_siz
   return vocab;
 }
 
-int64_t Vocab::size() const { return bpe_ ? bpe_->size() : static_cast<int64_t>(chars_.size()); }
+Vocab Vocab::from_hf_tokenizer(std::string tokenizer_json) {
+  Vocab vocab;
+  vocab.hf_ = HfTokenizer::load(std::move(tokenizer_json));
+  return vocab;
+}
 
-bool Vocab::contains(char32_t cp) const { return bpe_ || index_.count(cp) != 0; }
+int64_t Vocab::size() const {
+  return hf_ ? hf_->size() : bpe_ ? bpe_->size() : static_cast<int64_t>(chars_.size());
+}
+
+bool Vocab::contains(char32_t cp) const { return bpe_ || hf_ || index_.count(cp) != 0; }
 
 bool Vocab::operator==(const Vocab& other) const {
   if (kind() != other.kind()) return false;
+  if (hf_) return hf_->json() == other.hf_->json();
   return bpe_ ? bpe_->proto() == other.bpe_->proto() : chars_ == other.chars_;
 }
 
 void Vocab::require_char(const std::string& tag, const std::string& what, const std::string& hint) const {
-  if (!bpe_) return;
-  throw std::runtime_error(fmt::format("[{}] {} needs a character vocabulary, but this one is bpe ({} subword pieces): {}",
-                                       tag, what, size(), hint));
+  if (!bpe_ && !hf_) return;
+  throw std::runtime_error(fmt::format("[{}] {} needs a character vocabulary, but this one is {} ({} subword pieces): {}",
+                                       tag, what, kind_name(), size(), hint));
 }
 
 Vocab Vocab::from_text(std::string_view utf8_text) { return from_chars(decode_utf8(utf8_text)); }
@@ -117,6 +129,7 @@ Vocab Vocab::from_chars(std::u32string_view chars) {
 }
 
 std::string Vocab::serialize() const {
+  if (hf_) return fmt::format("{}{} hf {}\n", kMagic, kHfVersion, hf_->json().size()) + hf_->json();
   if (bpe_) {
     const std::string model = base64_encode(bpe_->proto());
     return fmt::format("{}{} bpe {} {}\n", kMagic, kBpeVersion, requested_vocab_size_, model.size()) + model;
@@ -131,14 +144,27 @@ Vocab Vocab::deserialize(std::string_view blob) {
   size_t pos = kMagic.size();
   uint64_t version = 0, count = 0;
   if (!parse_number(blob, pos, version)) corrupt("no version number after the prefix");
-  if (version != kVersion && version != kBpeVersion) {
+  if (version != kVersion && version != kBpeVersion && version != kHfVersion) {
     throw std::runtime_error(fmt::format(
-        "[data] unsupported vocabulary version {} (this build reads versions {} and {}; use a matching nanogpt build or "
+        "[data] unsupported vocabulary version {} (this build reads versions {} to {}; use a matching nanogpt build or "
         "re-prepare the data)",
-        version, kVersion, kBpeVersion));
+        version, kVersion, kHfVersion));
   }
   if (pos >= blob.size() || blob[pos] != ' ') corrupt("expected a space after the version");
   ++pos;
+  if (version == kHfVersion) {
+    uint64_t length = 0;
+    if (blob.substr(pos, 3) != "hf ") corrupt("expected 'hf' after the version");
+    pos += 3;
+    if (!parse_number(blob, pos, length) || pos >= blob.size() || blob[pos++] != '\n') corrupt("no tokenizer length");
+    if (blob.size() - pos != length)
+      corrupt(fmt::format("header says a tokenizer of {} bytes, found {}", length, blob.size() - pos));
+    try {
+      return from_hf_tokenizer(std::string(blob.substr(pos)));
+    } catch (const std::runtime_error& e) {
+      corrupt(e.what());
+    }
+  }
   if (version == kBpeVersion) {
     uint64_t requested = 0, length = 0;
     if (blob.substr(pos, 4) != "bpe ") corrupt("expected 'bpe' after the version");
@@ -188,6 +214,7 @@ char32_t Vocab::char_at(int64_t id) const {
 }
 
 std::vector<int64_t> Vocab::encode(std::string_view utf8_text, UnknownChars policy, std::u32string* skipped) const {
+  if (hf_) return hf_->encode(utf8_text);
   if (bpe_) {
     decode_utf8(utf8_text);  // refuses invalid UTF-8, as the char tokenizer does
     return bpe_->encode(utf8_text);
@@ -196,6 +223,7 @@ std::vector<int64_t> Vocab::encode(std::string_view utf8_text, UnknownChars poli
 }
 
 std::vector<int64_t> Vocab::encode_chars(std::u32string_view chars, UnknownChars policy, std::u32string* skipped) const {
+  if (hf_) return hf_->encode(encode_utf8(chars));
   if (bpe_) return bpe_->encode(encode_utf8(chars));
   std::vector<int64_t> ids;
   ids.reserve(chars.size());
@@ -216,6 +244,7 @@ std::vector<int64_t> Vocab::encode_chars(std::u32string_view chars, UnknownChars
 }
 
 std::string Vocab::decode(const std::vector<int64_t>& ids) const {
+  if (hf_) return hf_->decode(ids);
   if (bpe_) return bpe_->decode(ids);
   std::string out;
   out.reserve(ids.size());
@@ -224,12 +253,16 @@ std::string Vocab::decode(const std::vector<int64_t>& ids) const {
 }
 
 std::string Vocab::decode_one(int64_t id) const {
+  if (hf_) return hf_->bytes_of(id);
   if (bpe_) return bpe_->bytes_of(id);
   std::string out;
   append_utf8(out, char_at(id));
   return out;
 }
 
-std::string Vocab::piece(int64_t id) const { return bpe_ ? bpe_->piece(id) : decode_one(id); }
+std::string Vocab::piece(int64_t id) const {
+  if (hf_) return replace_invalid_utf8(hf_->piece(id));
+  return bpe_ ? bpe_->piece(id) : decode_one(id);
+}
 
 }  // namespace nanogpt::data

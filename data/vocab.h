@@ -2,6 +2,7 @@
 //   char: the sorted set of Unicode code points of a corpus; token id = rank (the default).
 //   bpe:  subword pieces, a SentencePiece model trained on the corpus (data/bpe.h); byte fallback,
 //         so every text encodes.
+//   hf:   an imported Hugging Face tokenizer.json (data/hf_tokenizer.h): GPT-2's, Llama's, ...
 #pragma once
 
 #include <cstdint>
@@ -14,8 +15,9 @@
 namespace nanogpt::data {
 
 class BpeModel;
+class HfTokenizer;
 
-enum class TokenizerKind { Char, Bpe };
+enum class TokenizerKind { Char, Bpe, Hf };
 
 /// What encode() does with a character that is not in the vocabulary.
 enum class UnknownChars {
@@ -33,6 +35,8 @@ class Vocab {
   /// A bpe tokenizer from a serialized SentencePiece model (data/bpe.h's train_bpe) trained for
   /// `requested_vocab_size` pieces. Throws "[data] ..." if the bytes are not a model.
   static Vocab from_bpe_model(std::string model_proto, int64_t requested_vocab_size);
+  /// An hf tokenizer from tokenizer.json's text. Throws "[data] tokenizer.json: ..." if it cannot be read.
+  static Vocab from_hf_tokenizer(std::string tokenizer_json);
   /// Inverse of serialize(). Throws "[data] corrupt vocabulary: ..." on bad input.
   static Vocab deserialize(std::string_view blob);
 
@@ -40,20 +44,24 @@ class Vocab {
   /// versioned prefix: char: the code points in order; bpe: the SentencePiece model in base64.
   std::string serialize() const;
 
-  TokenizerKind kind() const { return bpe_ ? TokenizerKind::Bpe : TokenizerKind::Char; }
-  const char* kind_name() const { return bpe_ ? "bpe" : "char"; }
+  TokenizerKind kind() const { return hf_ ? TokenizerKind::Hf : bpe_ ? TokenizerKind::Bpe : TokenizerKind::Char; }
+  const char* kind_name() const { return hf_ ? "hf" : bpe_ ? "bpe" : "char"; }
+  /// The imported tokenizer (hf only; nullptr otherwise).
+  const HfTokenizer* hf_tokenizer() const { return hf_.get(); }
   /// The vocab_size a bpe tokenizer was trained for (its size() may be smaller); 0 for char.
   int64_t requested_vocab_size() const { return requested_vocab_size_; }
 
   int64_t size() const;
-  bool contains(char32_t cp) const;    // char: in the vocabulary; bpe: always (byte fallback)
+  bool contains(char32_t cp) const;    // char: in the vocabulary; bpe, hf: always (byte fallback or bytes)
   char32_t char_at(int64_t id) const;  // char only; throws on out-of-range id, or naming a bpe tokenizer
   /// Throws "[<tag>] <what> needs a character vocabulary, but this one is bpe ... (<hint>)" unless char.
   void require_char(const std::string& tag, const std::string& what, const std::string& hint) const;
 
   /// UTF-8 text -> token ids. `skipped` (optional) receives the dropped characters in Skip mode
   /// (every occurrence, in order). Error positions are character indices, not byte offsets. A bpe
-  /// tokenizer knows every character (byte fallback): the policy does not arise.
+  /// tokenizer knows every character (byte fallback): the policy does not arise. An hf tokenizer
+  /// encodes as tokenizer(text) does in transformers (its special tokens added; invalid UTF-8
+  /// replaced by U+FFFD).
   std::vector<int64_t> encode(std::string_view utf8_text, UnknownChars policy = UnknownChars::Error,
                               std::u32string* skipped = nullptr) const;
   /// Same as encode(), on already-decoded text.
@@ -75,6 +83,7 @@ class Vocab {
   std::u32string chars_;                         // char: sorted, distinct
   std::unordered_map<char32_t, int64_t> index_;  // char: code point -> id
   std::shared_ptr<const BpeModel> bpe_;          // bpe: the model (shared: copies are cheap)
+  std::shared_ptr<const HfTokenizer> hf_;        // hf: the tokenizer (shared)
   int64_t requested_vocab_size_ = 0;
 };
 

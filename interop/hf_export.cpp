@@ -13,6 +13,7 @@
 #include "io/atomic_dir.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "data/hf_tokenizer.h"
 #include "model/norm.h"
 #include "model/positions.h"
 
@@ -95,11 +96,12 @@ Json gpt2_config(const model::ModelConfig& c, double dropout) {
               {"n_layer", c.n_layer},
               {"n_head", c.n_head},
               {"n_inner", c.mlp_hidden()},
-              {"activation_function", c.mlp},  // exact (erf) "gelu", not GPT-2's own "gelu_new"; or "relu2"
+              // exact (erf) "gelu", GPT-2's own tanh approximation "gelu_new" (ours gelu_tanh), or "relu2"
+              {"activation_function", c.mlp == "gelu_tanh" ? std::string("gelu_new") : c.mlp},
               {"resid_pdrop", dropout},
               {"embd_pdrop", dropout},
               {"attn_pdrop", dropout},
-              {"layer_norm_epsilon", model::NormImpl::eps},
+              {"layer_norm_epsilon", c.norm_eps},
               {"initializer_range", 0.02},
               {"scale_attn_weights", true},
               {"scale_attn_by_inverse_layer_idx", false},
@@ -154,7 +156,7 @@ Json llama_config(const model::ModelConfig& c, double dropout) {
                  {"head_dim", c.head_size()},
                  {"hidden_act", "silu"},
                  {"max_position_embeddings", c.block_size},
-                 {"rms_norm_eps", model::NormImpl::eps},
+                 {"rms_norm_eps", c.norm_eps},
                  {"attention_bias", c.bias},
                  {"mlp_bias", c.bias},
                  {"attention_dropout", dropout},  // Llama has no embedding or residual dropout
@@ -210,9 +212,9 @@ Json neox_config(const model::ModelConfig& c, double dropout) {
                  {"intermediate_size", c.mlp_hidden()},
                  {"num_hidden_layers", c.n_layer},
                  {"num_attention_heads", c.n_head},
-                 {"hidden_act", c.mlp},  // exact (erf) "gelu", or "relu2"
+                 {"hidden_act", c.mlp == "gelu_tanh" ? std::string("gelu_new") : c.mlp},  // "gelu" is exact (erf)
                  {"max_position_embeddings", c.block_size},
-                 {"layer_norm_eps", model::NormImpl::eps},
+                 {"layer_norm_eps", c.norm_eps},
                  {"use_parallel_residual", false},  // x + attn(ln_1(x)), then + mlp(ln_2(·)): ours
                  {"attention_bias", true},          // zeros where ours have none
                  {"attention_dropout", dropout},
@@ -251,7 +253,7 @@ std::string hf_architecture(const model::ModelConfig& c) {
   if (c.qk_norm)
     reasons.push_back("qk_norm is in none of GPT-2, Llama and GPT-NeoX (Qwen3 normalises heads, but with the layers' "
                       "eps, 1e-5, not ours, 1e-6)");
-  const bool gelu_like = c.mlp == "gelu" || c.mlp == "relu2";
+  const bool gelu_like = c.mlp == "gelu" || c.mlp == "gelu_tanh" || c.mlp == "relu2";
   const std::string mix = fmt::format("pos_encoding={}, norm={}, mlp={}", c.pos_encoding, c.norm, c.mlp);
   auto own_kv = [&](const char* architecture) {
     if (!every_head_own_kv(c))
@@ -285,12 +287,14 @@ std::string hf_architecture(const model::ModelConfig& c) {
 HfExport export_hf(const model::GPT& model, const data::Vocab& vocab, double dropout, const std::string& out) {
   const model::ModelConfig& c = model->config();
   HfExport result;
-  vocab.require_char("export", "--format=hf (its tokenizer.json maps characters)",
-                     "--format=safetensors keeps the bpe tokenizer");
+  if (vocab.kind() == data::TokenizerKind::Bpe)
+    vocab.require_char("export", "--format=hf (its tokenizer.json maps characters, or is an imported one)",
+                       "--format=safetensors keeps the bpe tokenizer");
   result.architecture = hf_architecture(c);
-  if (vocab.size() != c.vocab_size)
+  // An imported tokenizer may hold fewer tokens than the model has rows (a vocabulary padded for speed).
+  if (vocab.kind() == data::TokenizerKind::Hf ? vocab.size() > c.vocab_size : vocab.size() != c.vocab_size)
     throw std::invalid_argument(fmt::format(
-        "[export] vocabulary has {} characters but the model's vocab_size is {} (corrupted checkpoint?)", vocab.size(),
+        "[export] vocabulary has {} tokens but the model's vocab_size is {} (corrupted checkpoint?)", vocab.size(),
         c.vocab_size));
 
   const Params params(model);
@@ -323,8 +327,13 @@ HfExport export_hf(const model::GPT& model, const data::Vocab& vocab, double dro
   io::write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
   write_json(dir / "config.json", config);
   write_json(dir / "generation_config.json", generation_config(c));
-  write_json(dir / "tokenizer.json", hf_tokenizer_json(vocab));
-  write_json(dir / "tokenizer_config.json", hf_tokenizer_config_json(c.block_size));
+  if (const data::HfTokenizer* imported = vocab.hf_tokenizer()) {  // the imported file, byte for byte
+    io::write_bytes_atomically(dir / "tokenizer.json", imported->json(), "export");
+    write_json(dir / "tokenizer_config.json", hf_imported_tokenizer_config_json(*imported, c.block_size));
+  } else {
+    write_json(dir / "tokenizer.json", hf_tokenizer_json(vocab));
+    write_json(dir / "tokenizer_config.json", hf_tokenizer_config_json(c.block_size));
+  }
   dir.commit();
   return result;
 }

@@ -42,4 +42,17 @@ Json hf_tokenizer_config_json(int64_t block_size) {
               {"pad_token", nullptr}};
 }
 
+Json hf_imported_tokenizer_config_json(const data::HfTokenizer& tokenizer, int64_t block_size) {
+  Json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                 {"model_max_length", block_size},
+                 {"clean_up_tokenization_spaces", false}};
+  // The usual names of the end-of-text token, when the tokenizer has one.
+  for (const char* eos : {"<|endoftext|>", "</s>", "<|end_of_text|>", "<|im_end|>"})
+    if (tokenizer.added_token_id(eos)) {
+      config["eos_token"] = eos;
+      break;
+    }
+  return config;
+}
+
 }  // namespace nanogpt::interop

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
+#include "data/hf_tokenizer.h"
 #include "data/vocab.h"
 
 namespace nanogpt::interop {
@@ -21,5 +22,9 @@ nlohmann::ordered_json hf_tokenizer_json(const data::Vocab& vocab);
 /// tokenizer_config.json: the fast tokenizer class, no special tokens, no clean-up of spaces
 /// around punctuation on decoding, model_max_length = block_size.
 nlohmann::ordered_json hf_tokenizer_config_json(int64_t block_size);
+
+/// tokenizer_config.json beside an imported tokenizer.json written back as it came: the fast
+/// tokenizer class (its own post-processor adds what it adds), no clean-up of spaces on decoding.
+nlohmann::ordered_json hf_imported_tokenizer_config_json(const data::HfTokenizer& tokenizer, int64_t block_size);
 
 }  // namespace nanogpt::interop

@@ -4,9 +4,9 @@
 namespace nanogpt::model {
 
 BlockImpl::BlockImpl(const ModelConfig& config, Fill fill) {
-  ln_1 = register_module("ln_1", Norm(config.norm, config.n_embd, config.bias));
+  ln_1 = register_module("ln_1", Norm(config.norm, config.n_embd, config.bias, config.norm_eps));
   attn = register_module("attn", CausalSelfAttention(config, fill));
-  ln_2 = register_module("ln_2", Norm(config.norm, config.n_embd, config.bias));
+  ln_2 = register_module("ln_2", Norm(config.norm, config.n_embd, config.bias, config.norm_eps));
   mlp = register_module("mlp", MLP(config, fill));
 }
 

@@ -40,7 +40,10 @@ void ModelConfig::validate() const {
   check(attention == "math" || attention == "sdpa" || attention == "chunked" || attention == "flash" ||
             attention == "auto",
         "attention", attention, "must be math, sdpa, chunked, flash or auto");
-  check(mlp == "gelu" || mlp == "relu2" || mlp == "swiglu", "mlp", mlp, "must be gelu, relu2 or swiglu");
+  check(mlp == "gelu" || mlp == "gelu_tanh" || mlp == "relu2" || mlp == "swiglu", "mlp", mlp,
+        "must be gelu, gelu_tanh, relu2 or swiglu");
+  check(norm_eps > 0 && norm_eps < 1, "norm_eps", text(norm_eps), "must be in (0, 1) (1e-5 is usual)");
+  check(mlp_width >= 0, "mlp_width", text(mlp_width), "must be >= 0 (0 = 4 n_embd, or 8 n_embd / 3 for swiglu)");
   check(logit_softcap >= 0 && std::isfinite(logit_softcap), "logit_softcap", text(logit_softcap),
         "must be a number >= 0 (0 = off; 15 to 30 is usual)");
   check(dropout >= 0 && dropout < 1, "dropout", text(dropout), "must be in [0, 1): e.g. 0.0 for tiny runs, 0.2 for shakespeare_char");
@@ -52,7 +55,7 @@ nlohmann::ordered_json to_json(const ModelConfig& m) {
               {"dropout", m.dropout},       {"bias", m.bias},             {"pos_encoding", m.pos_encoding},
               {"rope_base", m.rope_base},   {"norm", m.norm},             {"attention", m.attention},
               {"qk_norm", m.qk_norm},       {"mlp", m.mlp},               {"tie_embeddings", m.tie_embeddings},
-              {"logit_softcap", m.logit_softcap}};
+              {"logit_softcap", m.logit_softcap}, {"norm_eps", m.norm_eps},   {"mlp_width", m.mlp_width}};
 }
 
 ModelConfig model_config_from_json(const nlohmann::ordered_json& j) {
@@ -88,6 +91,8 @@ ModelConfig model_config_from_json(const nlohmann::ordered_json& j) {
   if (j.contains("mlp")) m.mlp = string("mlp");
   if (j.contains("tie_embeddings")) m.tie_embeddings = field("tie_embeddings", &Json::is_boolean, "true or false").get<bool>();
   if (j.contains("logit_softcap")) m.logit_softcap = number("logit_softcap");
+  if (j.contains("norm_eps")) m.norm_eps = number("norm_eps");
+  if (j.contains("mlp_width")) m.mlp_width = integer("mlp_width");
   return m;
 }
 

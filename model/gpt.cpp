@@ -24,7 +24,7 @@ GPTImpl::GPTImpl(const ModelConfig& config, bool initialise) : config_(config) {
   drop = register_module("drop", Dropout(config.dropout));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Block(config, fill));
-  ln_f = register_module("ln_f", Norm(config.norm, config.n_embd, config.bias));
+  ln_f = register_module("ln_f", Norm(config.norm, config.n_embd, config.bias, config.norm_eps));
   if (!config.tie_embeddings)
     lm_head = register_module("lm_head", Linear(config.n_embd, config.vocab_size, /*bias=*/false, fill));
   if (initialise) init_weights();

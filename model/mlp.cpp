@@ -62,6 +62,7 @@ struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
 
 torch::Tensor mlp_activation(const std::string& kind, const torch::Tensor& h) {
   if (kind == "gelu") return fast_gelu(h);  // exact (erf) GELU like nanoGPT, its slope kept for backward
+  if (kind == "gelu_tanh") return torch::gelu(h, "tanh");  // GPT-2's approximation ("gelu_new")
   if (kind == "relu2") return torch::relu(h).square();
   auto gate_up = h.chunk(2, -1);  // swiglu
   return torch::silu(gate_up[0]) * gate_up[1];  // (B, T, H)

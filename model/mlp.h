@@ -1,5 +1,5 @@
 // The feed-forward half of a block: C -> H, an activation, H -> C, dropout. The activation
-// (ModelConfig::mlp): GELU (nanoGPT, H = 4C); ReLU² = relu(x)², which modded-nanogpt and nanochat
+// (ModelConfig::mlp): GELU (nanoGPT, H = 4C), or its tanh approximation (GPT-2's own); ReLU² = relu(x)², which modded-nanogpt and nanochat
 // use (H = 4C); SwiGLU = silu(gate) * up, where c_fc computes [gate; up] (H = 8C/3: the same
 // parameters with three matrices as two).
 #pragma once
@@ -14,7 +14,7 @@
 
 namespace nanogpt::model {
 
-/// The activation of kind gelu | relu2 | swiglu on c_fc's output h (B, T, H), swiglu (B, T, 2H) -> (B, T, H).
+/// The activation of kind gelu | gelu_tanh | relu2 | swiglu on c_fc's output h (B, T, H), swiglu (B, T, 2H) -> (B, T, H).
 torch::Tensor mlp_activation(const std::string& kind, const torch::Tensor& h);
 
 class MLPImpl : public torch::nn::Module {
@@ -33,7 +33,7 @@ class MLPImpl : public torch::nn::Module {
   Linear c_proj{nullptr};  // H -> C, an output projection (scaled init)
 
  private:
-  std::string activation_;  // gelu | relu2 | swiglu
+  std::string activation_;  // gelu | gelu_tanh | relu2 | swiglu
   Dropout dropout{nullptr};
 };
 TORCH_MODULE(MLP);

@@ -3,16 +3,17 @@
 
 namespace nanogpt::model {
 
-NormImpl::NormImpl(const std::string& kind, int64_t n_embd, bool bias) : rms_(kind == "rmsnorm"), n_embd_(n_embd) {
+NormImpl::NormImpl(const std::string& kind, int64_t n_embd, bool bias, double eps)
+    : rms_(kind == "rmsnorm"), eps_(eps), n_embd_(n_embd) {
   weight = register_parameter("weight", torch::ones({n_embd}));
   if (bias && !rms_) this->bias = register_parameter("bias", torch::zeros({n_embd}));
 }
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
-  if (!rms_) return torch::layer_norm(x, {n_embd_}, weight, bias, eps);
+  if (!rms_) return torch::layer_norm(x, {n_embd_}, weight, bias, eps_);
   // RMSNorm: x / sqrt(mean(x²) + eps) * weight, computed in fp32 for stability.
   auto xf = x.to(torch::kFloat);
-  auto inv_rms = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);  // (..., 1)
+  auto inv_rms = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);  // (..., 1)
   return (xf * inv_rms).to(x.scalar_type()) * weight;
 }
 

@@ -62,6 +62,15 @@ _Pragma("omp simd")
   for (int64_t r = r0; r < r1; ++r) h[r] = gelu_erf(h[r]);
 })
 
+// h[r] = GELU's tanh approximation (GPT-2's, torch::gelu(h, "tanh")) for r0 <= r < r1.
+void gelu_tanh_rows(float* __restrict h, int64_t r0, int64_t r1) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float v = h[r];
+    h[r] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+  }
+}
+
 }  // namespace
 
 void Decoder::Matrix::row(int64_t r, int64_t cols, float* out) const {
@@ -117,7 +126,7 @@ _Pragma("omp simd")
 }  // namespace
 
 void Decoder::norm(const float* x, const float* w, const float* b, float* out) const {
-  norm_row(x, w, b, C_, rms_, static_cast<float>(NormImpl::eps), out);
+  norm_row(x, w, b, C_, rms_, static_cast<float>(config_.norm_eps), out);
 }
 
 namespace {
@@ -361,6 +370,7 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, KVCache* shared, const s
       for (int64_t b = 0; b < B; ++b) {
         float* hb = hid + b * fc_out_;
         if (activation_ == Activation::gelu) gelu_rows(hb, h0, h1);
+        else if (activation_ == Activation::gelu_tanh) gelu_tanh_rows(hb, h0, h1);
         else if (activation_ == Activation::relu2)
           for (int64_t r = h0; r < h1; ++r) hb[r] = hb[r] > 0.0f ? hb[r] * hb[r] : 0.0f;
         else

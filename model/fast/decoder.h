@@ -129,7 +129,7 @@ class Decoder {
   ModelConfig config_;
   int64_t C_, hs_, nkv_, qkv_width_, fc_out_, hidden_;
   bool rms_;
-  enum class Activation { gelu, relu2, swiglu } activation_;
+  enum class Activation { gelu, gelu_tanh, relu2, swiglu } activation_;
   bool bf16_;  // under CPU bf16 autocast: the KV cache in bf16, and the matrices unless quantized
   Quantize quantize_;
   bool kv_int8_;  // quantized, and a head size int8_kv_supported: the KV cache in int8

@@ -36,8 +36,9 @@ Decoder::Decoder(GPTImpl& model, Quantize quantize)
       fc_out_(config_.mlp == "swiglu" ? 2 * config_.mlp_hidden() : config_.mlp_hidden()),
       hidden_(config_.mlp_hidden()),
       rms_(config_.norm == "rmsnorm"),
-      activation_(config_.mlp == "swiglu" ? Activation::swiglu
-                   : config_.mlp == "relu2" ? Activation::relu2
+      activation_(config_.mlp == "swiglu"      ? Activation::swiglu
+                   : config_.mlp == "relu2"     ? Activation::relu2
+                   : config_.mlp == "gelu_tanh" ? Activation::gelu_tanh
                                             : Activation::gelu),
       bf16_(at::autocast::is_autocast_enabled(at::kCPU)),
       quantize_(quantize),
