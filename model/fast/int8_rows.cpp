@@ -159,6 +159,22 @@ _Pragma("omp simd reduction(+ : total)")
 })
 
 #if NANOGPT_X86_INTRINSICS
+// The intrinsics' scale from their lanes' largest |x| and sums of x - x (NaN once any x is NaN or
+// inf): max |x| / 127 (1 for zeros); or NaN, with xq zeroed and *sum 0.
+inline float int8_scale(const float* lanes, const float* holes, int n, int8_t* xq, int64_t cols, int32_t* sum) {
+  float m = 0.0f, bad = 0.0f;
+  for (int k = 0; k < n; ++k) {
+    m = std::max(m, lanes[k]);
+    bad += holes[k];
+  }
+  if (bad != 0.0f) {  // NaN compares unequal
+    std::fill(xq, xq + cols, int8_t{0});
+    *sum = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  return m > 0.0f ? m / 127.0f : 1.0f;
+}
+
 // The same with AVX-512 intrinsics, the same bits (IEEE division, round to nearest even, the same
 // clamp): GCC vectorised the portable loop's int8 stores at 128 bits, with blends, at ~4x the
 // instructions.
@@ -177,17 +193,8 @@ float quantize_row_int8_avx512(const float* __restrict x, int64_t cols, int8_t* 
   alignas(64) float lanes[16], holes[16];
   _mm512_store_ps(lanes, amax);
   _mm512_store_ps(holes, nonfinite);
-  float m = 0.0f, bad = 0.0f;
-  for (int k = 0; k < 16; ++k) {
-    m = std::max(m, lanes[k]);
-    bad += holes[k];
-  }
-  if (bad != 0.0f) {  // NaN compares unequal
-    std::fill(xq, xq + cols, int8_t{0});
-    *sum = 0;
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  const float s = m > 0.0f ? m / 127.0f : 1.0f;
+  const float s = int8_scale(lanes, holes, 16, xq, cols, sum);
+  if (s != s) return s;  // NaN or inf in x
   const __m512 sv = _mm512_set1_ps(s), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
   __m512i total = _mm512_setzero_si512();
   for (int64_t i = 0; i <= full; i += 16) {
@@ -225,17 +232,8 @@ float quantize_row_int8_avx2(const float* __restrict x, int64_t cols, int8_t* __
   alignas(32) float lanes[8], holes[8];
   _mm256_store_ps(lanes, amax);
   _mm256_store_ps(holes, nonfinite);
-  float m = 0.0f, bad = 0.0f;
-  for (int k = 0; k < 8; ++k) {
-    m = std::max(m, lanes[k]);
-    bad += holes[k];
-  }
-  if (bad != 0.0f) {  // NaN compares unequal
-    std::fill(xq, xq + cols, int8_t{0});
-    *sum = 0;
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  const float s = m > 0.0f ? m / 127.0f : 1.0f;
+  const float s = int8_scale(lanes, holes, 8, xq, cols, sum);
+  if (s != s) return s;  // NaN or inf in x
   const __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
   __m256i total = _mm256_setzero_si256();
   for (int64_t i = 0; i <= full; i += 8) {
