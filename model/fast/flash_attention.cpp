@@ -156,9 +156,11 @@ struct Shape {
 };
 
 // The dropout factors (1 / (1 - p) or 0) of pair n's queries i0 .. i0 + rows - 1 against every key,
-// (rows × T): elements (n T + i) T + j of the mask, as chunked attention draws them.
-torch::Tensor dropout_factors(double p, uint64_t seed, int64_t n, int64_t i0, int64_t rows, int64_t T) {
-  return apply_dropout_mask(torch::ones({rows * T}), p, seed, (n * T + i0) * T, torch::kFloat);
+// (rows × T): elements (n T + i) T + j of the mask, as chunked attention draws them. `ones` holds at
+// least rows × T ones (one per thread, made once).
+torch::Tensor dropout_factors(const torch::Tensor& ones, double p, uint64_t seed, int64_t n, int64_t i0, int64_t rows,
+                              int64_t T) {
+  return apply_dropout_mask(ones.narrow(0, 0, rows * T), p, seed, (n * T + i0) * T, torch::kFloat);
 }
 
 // y (B, T, nh, hs) and lse (B nh T): one task per (batch, head, query block).
@@ -169,6 +171,7 @@ void forward_kernel(const Heads<S>& q, const Heads<S>& k, const Heads<S>& v, S* 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   at::parallel_for(0, sh.B * sh.nh * nqb, 1, [&](int64_t begin, int64_t end) {
     AlignedVector<float> qs(bs * hs), ks(T * hs), vs(T * hs), s(bs * bs), o(bs * hs), m(bs), l(bs);
+    const auto ones = p > 0 ? torch::ones({bs * T}) : torch::Tensor();
     for (int64_t task = begin; task < end; ++task) {
       const int64_t n = task / nqb, b = n / sh.nh, h = n % sh.nh, i0 = (task % nqb) * bs;
       const int64_t rows = std::min(bs, T - i0), keys = i0 + rows;  // keys 0 .. keys - 1 are seen
@@ -176,7 +179,7 @@ void forward_kernel(const Heads<S>& q, const Heads<S>& k, const Heads<S>& v, S* 
       const float* qf = rows_f32(q.head(b, h), q.st, i0, rows, hs, qs.data(), &ldq);
       const float* kf = rows_f32(k.head(b, h / sh.group()), k.st, 0, keys, hs, ks.data(), &ldk);
       const float* vf = rows_f32(v.head(b, h / sh.group()), v.st, 0, keys, hs, vs.data(), &ldv);
-      const auto factors = p > 0 ? dropout_factors(p, seed, n, i0, rows, T) : torch::Tensor();
+      const auto factors = p > 0 ? dropout_factors(ones, p, seed, n, i0, rows, T) : torch::Tensor();
       const float* f = p > 0 ? factors.data_ptr<float>() : nullptr;
       std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
       std::fill(l.begin(), l.end(), 0.0f);
@@ -206,6 +209,7 @@ void backward_kernel(const Heads<S>& q, const Heads<S>& k, const Heads<S>& v, co
   at::parallel_for(0, sh.B * sh.nkv, 1, [&](int64_t begin, int64_t end) {
     AlignedVector<float> ks(T * hs), vs(T * hs), qs(T * hs), dys(T * hs), dq_sum(T * hs), dk_sum(T * hs),
         dv_sum(T * hs), s(bs * bs), dp(bs * bs), D(T);
+    const auto ones = p > 0 ? torch::ones({bs * T}) : torch::Tensor();
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / sh.nkv, g = task % sh.nkv;
       int64_t ldk, ldv, ldq, lddy;
@@ -226,7 +230,7 @@ void backward_kernel(const Heads<S>& q, const Heads<S>& k, const Heads<S>& v, co
         std::fill(dq_sum.begin(), dq_sum.end(), 0.0f);
         for (int64_t i0 = 0; i0 < T; i0 += bs) {
           const int64_t rows = std::min(bs, T - i0), keys = i0 + rows;
-          const auto factors = p > 0 ? dropout_factors(p, seed, n, i0, rows, T) : torch::Tensor();
+          const auto factors = p > 0 ? dropout_factors(ones, p, seed, n, i0, rows, T) : torch::Tensor();
           const float* f = p > 0 ? factors.data_ptr<float>() : nullptr;
           const float *q_rows = qf + i0 * ldq, *dy_rows = dyf + i0 * lddy;
           for (int64_t j0 = 0; j0 < keys; j0 += bs) {
@@ -255,6 +259,15 @@ torch::Tensor empty_heads(int64_t B, int64_t heads, int64_t T, int64_t hs, const
   return torch::empty({B, T, heads, hs}, options).transpose(1, 2);
 }
 
+// What backward keeps of an input: the input itself, or a copy where it is a view into a larger
+// buffer (v, and without RoPE q and k, are slices of the projections' output, which would otherwise
+// stay alive until backward: at the full preset 75 MB a layer).
+torch::Tensor compact(const torch::Tensor& t) {
+  if (t.storage().nbytes() <= static_cast<size_t>(t.numel() * t.element_size())) return t;
+  auto copy = empty_heads(t.size(0), t.size(1), t.size(2), t.size(3), t.options());
+  return copy.copy_(t);
+}
+
 template <typename S>
 S* out(const torch::Tensor& t) {
   return static_cast<S*>(t.data_ptr());
@@ -277,7 +290,7 @@ struct FlashAttention : public torch::autograd::Function<FlashAttention> {
       forward_kernel(heads<uint16_t>(q), heads<uint16_t>(k), heads<uint16_t>(v), out<uint16_t>(y),
                      lse.data_ptr<float>(), sh, p, seed);
     }
-    ctx->save_for_backward({q, k, v, y, lse});
+    ctx->save_for_backward({compact(q), compact(k), compact(v), y, lse});
     ctx->saved_data["p"] = p;
     ctx->saved_data["seed"] = static_cast<int64_t>(seed);
     ctx->saved_data["block"] = block;
