@@ -180,20 +180,26 @@ __attribute__((target("avx512f"), flatten)) void matvec_panels_avx512(const F32P
 }
 
 // Without AVX-512 (a laptop's AVX2 + FMA): a panel's 16 rows are two registers, so P panels
-// against N rows of x go as sub-blocks of 8 accumulators (AVX2 has 16 registers): 4 panels a pass
-// for one row of x (8 independent chains of FMAs), else one panel against 4 rows of x. Each output
-// is still one FMA a column, columns in order: the same bits whatever the sub-blocks.
+// against N rows of x go as sub-blocks that fit AVX2's 16 registers: 7 panels a pass for one row
+// of x (14 accumulators), then 4 or 1, else one panel against 4 rows of x. Each output is still one
+// FMA a column, columns in order: the same bits whatever the sub-blocks. One row of x, one thread,
+// best of 15 rounds of 2,000 on a 2-core AMD EPYC: (384, 128) 3.1 against the FMA clone of the
+// portable loops' 3.9 us, (1152, 384) 27 against 35.
 template <int PC, int NC>
 __attribute__((target("avx2,fma"), always_inline)) inline void avx2_panel_tile(const float* wp, int64_t cols,
                                                                               const float* x, int64_t x_stride,
                                                                               int64_t row0, int64_t r1, float* y,
                                                                               int64_t y_stride, bool accumulate) {
-  __m256 acc[PC][NC][2];
+  __m256 acc[PC][NC][2];  // (the loops unrolled so that these stay in registers, not on the stack)
+#pragma GCC unroll 8
   for (int p = 0; p < PC; ++p)
+#pragma GCC unroll 8
     for (int n = 0; n < NC; ++n) acc[p][n][0] = acc[p][n][1] = _mm256_setzero_ps();
   for (int64_t k = 0; k < cols; ++k) {
+#pragma GCC unroll 8
     for (int n = 0; n < NC; ++n) {
       const __m256 xv = _mm256_broadcast_ss(x + n * x_stride + k);
+#pragma GCC unroll 8
       for (int p = 0; p < PC; ++p) {
         const float* wk = wp + (p * cols + k) * kPanel;
         acc[p][n][0] = _mm256_fmadd_ps(_mm256_loadu_ps(wk), xv, acc[p][n][0]);
@@ -201,14 +207,16 @@ __attribute__((target("avx2,fma"), always_inline)) inline void avx2_panel_tile(c
       }
     }
   }
-  for (int p = 0; p < PC; ++p) {
+  alignas(32) float out[PC][NC][kPanel];
+#pragma GCC unroll 8
+  for (int p = 0; p < PC; ++p)
+#pragma GCC unroll 8
     for (int n = 0; n < NC; ++n) {
-      alignas(32) float out[kPanel];
-      _mm256_store_ps(out, acc[p][n][0]);
-      _mm256_store_ps(out + 8, acc[p][n][1]);
-      store_panel_row(out, row0 + p * kPanel, r1, y + n * y_stride, accumulate);
+      _mm256_store_ps(out[p][n], acc[p][n][0]);
+      _mm256_store_ps(out[p][n] + 8, acc[p][n][1]);
     }
-  }
+  for (int p = 0; p < PC; ++p)
+    for (int n = 0; n < NC; ++n) store_panel_row(out[p][n], row0 + p * kPanel, r1, y + n * y_stride, accumulate);
 }
 
 template <int P, int N>
@@ -222,6 +230,11 @@ struct Avx2Panels {
       const int64_t row0 = (p0 + p) * kPanel;
       if (row0 >= r1) break;
       if constexpr (N == 1) {
+        if (p + 7 <= P) {
+          avx2_panel_tile<7, 1>(wp, cols, x, x_stride, row0, r1, y, y_stride, accumulate);
+          p += 7;
+          continue;
+        }
         if (p + 4 <= P) {
           avx2_panel_tile<4, 1>(wp, cols, x, x_stride, row0, r1, y, y_stride, accumulate);
           p += 4;
