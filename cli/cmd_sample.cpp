@@ -15,6 +15,8 @@
 #include "data/utf8.h"
 #include "runtime/device.h"
 #include "model/generate.h"
+#include "model/static_decoder.h"
+#include "runtime/cuda_plugin.h"
 #include "train/checkpoint.h"
 
 namespace nanogpt::cli {
@@ -33,6 +35,7 @@ struct SampleArgs {
   std::string device = "auto";
   std::string dtype = "auto";
   std::string quantize = "none";
+  std::string decoder = "auto";
   int64_t num_threads = 0;
   bool stream = false;
   bool batch = false;
@@ -56,6 +59,10 @@ void check(const SampleArgs& a) {
   if (a.quantize != "none" && a.no_cache)
     bad("--quantize " + a.quantize + " runs in the decoder, which needs the KV cache: drop --no_cache");
   if (a.stream && a.batch) bad("--stream prints one sample at a time: drop --batch");
+  if (a.decoder != "auto" && a.decoder != "graph" && a.decoder != "static" && a.decoder != "general")
+    bad("--decoder (" + a.decoder + ") must be auto, graph, static or general");
+  if ((a.decoder == "graph" || a.decoder == "static") && (a.no_cache || a.quantize != "none" || a.beam > 0))
+    bad("--decoder " + a.decoder + " samples through the static KV cache: drop --no_cache, --quantize and --beam");
   if (a.beam < 0) bad("--beam must be >= 0 (0 = sample, 1 = greedy, K = beam search with K beams)");
   if (a.beam > 0 && (a.stream || a.batch || a.show_probs || a.no_cache))
     bad("--beam prints its K results at the end: drop --stream, --batch, --show_probs and --no_cache");
@@ -168,7 +175,8 @@ void run_sample(const SampleArgs& a) {
   runtime::set_threads(a.num_threads);
   const auto device = runtime::resolve_device(a.device);
   auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
-  // Autocast for the whole run, as sample.py's ctx: fp32 weights, products in the low precision.
+  // Autocast for the whole run, as sample.py's ctx: fp32 weights, products in the low precision
+  // (the static decoder converts its weights to that precision once instead).
   const std::string dtype = runtime::resolve_sampling_dtype(a.dtype, device);
   const auto autocast_dtype = runtime::autocast_dtype(dtype);
   runtime::AutocastGuard autocast(device, autocast_dtype, autocast_dtype != torch::kFloat);
@@ -177,6 +185,21 @@ void run_sample(const SampleArgs& a) {
   if (a.beam > 0) return run_beam(a, loaded, prompt, prompt_text);
   std::mt19937_64 rng(static_cast<uint64_t>(a.seed));
   torch::manual_seed(static_cast<uint64_t>(a.seed));
+  // auto: on a GPU the static KV cache with its step as a CUDA graph (a token is a few hundred
+  // kernel launches otherwise); on the CPU the general path and its hand-written decoder.
+  const bool can_static = !a.no_cache && a.quantize == "none";
+  const std::string decoder = a.decoder != "auto" ? a.decoder : device.is_cuda() && can_static ? "graph" : "general";
+  std::unique_ptr<model::StaticDecoder> static_decoder;  // made and captured before the clock starts
+  if (decoder != "general") {
+    static_decoder = std::make_unique<model::StaticDecoder>(loaded.model, a.batch ? a.num_samples : 1, autocast_dtype,
+                                                            a.exact_window);
+    const auto* plugin = runtime::cuda_plugin();
+    if (decoder == "graph") {
+      const std::string failed =
+          device.is_cuda() && plugin ? static_decoder->capture(plugin->decode_graphs()) : "graphs need a CUDA device";
+      if (!failed.empty()) std::fprintf(stderr, "[sample] no CUDA graph, decoding kernel by kernel: %s\n", failed.c_str());
+    }
+  }
 
   int64_t generated = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -209,7 +232,11 @@ void run_sample(const SampleArgs& a) {
       }
       return !all_done;
     };
-    model::generate(loaded.model, prompt, per_round, a.max_new_tokens, options, rng, on_token);
+    if (decoder == "general") {
+      model::generate(loaded.model, prompt, per_round, a.max_new_tokens, options, rng, on_token);
+    } else {  // the static KV cache, its step replayed as a CUDA graph or run eagerly
+      model::generate_static(*static_decoder, prompt, per_round, a.max_new_tokens, options, on_token, a.show_probs);
+    }
     for (auto& t : texts) {
       // A bpe model may stop inside a character's byte pieces: those bytes show as U+FFFD.
       std::string shown = a.stream ? "" : data::replace_invalid_utf8(prompt_text + t.text);
@@ -219,7 +246,11 @@ void run_sample(const SampleArgs& a) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "[sample] %lld tokens in %.2f s: %.0f tok/s (%s, %s, %s, %s)\n", static_cast<long long>(generated),
-               seconds, generated / std::max(seconds, 1e-9), a.no_cache ? "no cache" : "KV cache",
+               seconds, generated / std::max(seconds, 1e-9),
+               a.no_cache                                      ? "no cache"
+               : static_decoder && static_decoder->graphed() ? "static KV cache, CUDA graphs"
+               : static_decoder                              ? "static KV cache"
+                                                             : "KV cache",
                a.batch ? fmt::format("batch of {}", a.num_samples).c_str() : "one sample at a time",
                device.str().c_str(), (dtype + (a.quantize != "none" ? ", " + a.quantize + " weights" : "")).c_str());
 }
@@ -250,6 +281,11 @@ void add_sample_command(CLI::App& app) {
                   "none | int8: the weight matrices and their inputs in int8 (dynamic quantization) | int4: the "
                   "blocks' matrices in 4 bits (a scale and a minimum every 64 weights), their inputs in int8; either "
                   "keeps the KV cache in int8 too; on the CPU, faster sampling, slightly less exact (docs/performance.md)")
+      ->capture_default_str();
+  cmd->add_option("--decoder", a->decoder,
+                  "auto (graph on a GPU, general on a CPU) | graph (a preallocated KV cache, one token's step, "
+                  "sampling included, captured as a CUDA graph once and replayed) | static (the same step run "
+                  "kernel by kernel) | general (the model's own forward with a growing KV cache)")
       ->capture_default_str();
   cmd->add_option("--num_threads", a->num_threads, "CPU threads; 0 = all cores")->capture_default_str();
   cmd->add_option("--stop", a->stop, "End a sample right after this string (e.g. a blank line, or 。)");

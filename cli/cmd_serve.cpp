@@ -31,6 +31,7 @@ struct ServeArgs {
   std::string api_key_file;
   std::string quantize = "none";
   std::string dtype = "auto";
+  std::string device = "auto";
   int64_t num_threads = 0;
   serve::ServerOptions server;
 };
@@ -92,8 +93,11 @@ void run_serve(ServeArgs a) {
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error from send(), not the end of the program
 
   runtime::set_threads(a.num_threads);
-  o.bf16 = runtime::resolve_dtype(a.dtype, torch::kCPU) == "bfloat16";  // auto: as `sample` on this CPU
-  auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), torch::kCPU);
+  const auto device = runtime::resolve_device(a.device);
+  if (device.is_cuda() && a.quantize != "none")
+    bad("--quantize " + a.quantize + " runs in the CPU's decoder: drop it, or serve with --device=cpu");
+  o.bf16 = runtime::resolve_sampling_dtype(a.dtype, device) == "bfloat16";  // auto: as `sample` on this device
+  auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
   const auto quantize = a.quantize == "int8" ? model::Quantize::int8
                         : a.quantize == "int4" ? model::Quantize::int4 : model::Quantize::none;
   if (o.model_name.empty()) o.model_name = std::filesystem::path(loaded.path).parent_path().filename().string();
@@ -109,9 +113,10 @@ void run_serve(ServeArgs a) {
                  signal == SIGINT ? "interrupted" : "terminated", o.drain_timeout_s);
     server.stop();
   });
-  std::fprintf(stderr, "[serve] %s (%lld parameters, vocabulary of %lld, %s) on http://%s:%d | %lld slots | %s\n",
+  std::fprintf(stderr, "[serve] %s (%lld parameters, vocabulary of %lld, %s, %s) on http://%s:%d | %lld slots | %s\n",
                loaded.path.c_str(), static_cast<long long>(loaded.model->num_params()),
-               static_cast<long long>(loaded.vocab.size()), o.bf16 ? "bfloat16" : "float32", o.host.c_str(), port, static_cast<long long>(o.parallel),
+               static_cast<long long>(loaded.vocab.size()), o.bf16 ? "bfloat16" : "float32", device.str().c_str(),
+               o.host.c_str(), port, static_cast<long long>(o.parallel),
                o.api_key.empty() ? "no API key" : "API key required");
   if (o.api_key.empty() && o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1")
     std::fprintf(stderr, "[serve] warning: listening on %s without an API key: anyone who can reach it can use it\n",
@@ -171,8 +176,12 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--quantize", a->quantize, "none | int8 | int4: the decoder's weights, as `sample --quantize`")->capture_default_str();
   cmd->add_option("--dtype", a->dtype,
-                  "float32 | bfloat16 (CPU autocast: the products in bfloat16) | auto (bfloat16 where the CPU multiplies it "
-                  "in hardware, as `sample`)")
+                  "float32 | bfloat16 (the products in bfloat16: CPU autocast, or on a GPU the weights converted once) | "
+                  "auto (as `sample`: float32 on a GPU; on a CPU bfloat16 where it multiplies it in hardware)")
+      ->capture_default_str();
+  cmd->add_option("--device", a->device,
+                  "auto | cpu | cuda | cuda:N (auto: a GPU where there is one; there the slots live in a static KV "
+                  "cache and each step replays a CUDA graph)")
       ->capture_default_str();
   cmd->add_option("--num_threads", a->num_threads, "CPU threads for the model; 0 = all cores")->capture_default_str();
   for (auto* option : cmd->get_options()) option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

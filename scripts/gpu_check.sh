@@ -292,6 +292,49 @@ nano_c = rows[4][1]
 if best and nano_c:
     print(f"nanogpt-cpp (fastest) / nanoGPT bench.py --compile=True: {nano_c / best:.2f}x tokens/s")
 PY
+# ---- sampling and serving: the static KV cache, one decode step as a CUDA graph ----
+# `sample` tokens/s (start-up, graph capture included, taken out) on the full preset (the bf16 run above)
+# and on a Tang-shaped model (configs/tang_poems.yaml's 6 x 384 over a 7443-character vocabulary,
+# random text, two iterations: speed does not depend on what it learned): the general path, the static
+# cache kernel by kernel, and its step replayed as a CUDA graph, beside nanoGPT's sample.py; then
+# scripts/serve_bench.py with 1, 16 and 64 clients (TTFT, time per output token); then the greedy
+# equality tests (alone against a batch of 16, fp32 with TF32 off).
+stamp "sampling and serving: the static KV cache and its step as CUDA graphs"
+"$py" - "$work/random_7443" <<'PY'
+import os, random, sys
+chars = [chr(c) for c in range(0x4E00, 0x4E00 + 7443)]  # one code point, one token: the Tang vocabulary's size
+rng = random.Random(1337)
+text = "".join(chars) + "".join(rng.choice(chars) for _ in range(300_000))
+os.makedirs(sys.argv[1], exist_ok=True)
+open(os.path.join(sys.argv[1], "input.txt"), "w", encoding="utf-8").write(text)
+PY
+timeout "$step_timeout" "$bin/nanogpt" train configs/tang_poems.yaml --dataset="$work/random_7443" --device=$device \
+  --out_dir="$work/tang_shape" --max_iters=2 --eval_interval=1000 --eval_iters=1 --log_interval=1 --plot=false "${shrink[@]}" \
+  >"$logs/tang_shape.log" 2>&1 || tail -5 "$logs/tang_shape.log"
+for model in ours_bf16 tang_shape; do
+  s=("$bin/nanogpt" sample --out_dir="$work/$model" --device=$device --num_samples=1 --seed=1)
+  rate "$model: general path (float32)" "${s[@]}" --decoder=general --max_new_tokens=
+  rate "$model: static cache, eager (float32)" "${s[@]}" --decoder=static --max_new_tokens=
+  rate "$model: static cache, CUDA graphs (float32)" "${s[@]}" --decoder=graph --max_new_tokens=
+  grep -h "no CUDA graph" "$logs/sample.err" | sed 's/^/  /' || true
+  rate "$model: static cache, CUDA graphs (bf16)" "${s[@]}" --decoder=graph --dtype=bfloat16 --max_new_tokens=
+done
+if nano && [[ -f $work/nano_False/ckpt.pt ]]; then
+  (cd "$work/nanoGPT" && rate "nanoGPT sample.py (float32, --compile=False)" env PYTHONPATH="$work/stub" "$py" sample.py \
+    --out_dir="$work/nano_False" --device=cuda --dtype=float32 --compile=False --num_samples=1 --max_new_tokens=)
+fi
+[[ ! -f $logs/sample.failed ]] || tests_ok=0
+for model in ours_bf16 tang_shape; do
+  stamp "serve_bench: $model, 1, 16 and 64 clients, 200 tokens a request (float32, 64 slots)"
+  timeout "$step_timeout" "$py" scripts/serve_bench.py --out_dir="$work/$model" --nanogpt="$bin/nanogpt" --device=$device \
+    --dtype=float32 --threads=8 --parallel=64 --clients=1,16,64 --tokens=$((dry ? 20 : 200)) --requests-per-client=2 \
+    >"$logs/serve_bench_$model.log" 2>&1 || { tail -5 "$logs/serve_bench_$model.log"; tests_ok=0; }
+  grep -v "^$" "$logs/serve_bench_$model.log" | sed 's/^/  /' || true
+done
+stamp "greedy text alone and in a batch of 16 (fp32, TF32 off), graphed greedy against the general path"
+timeout "$step_timeout" "$bin/test_cuda" --gtest_filter='CudaSampling.*' >"$logs/test_cuda_sampling.log" 2>&1 || tests_ok=0
+grep -E "^\[ +(OK|FAILED|SKIPPED) +\]" "$logs/test_cuda_sampling.log" | sed 's/^/  /' || true
+
 rm -rf "$work"
 if ((!dry)); then
   stamp "tests: command line"

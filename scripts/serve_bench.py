@@ -3,7 +3,7 @@
 
 Usage: scripts/serve_bench.py URL [--clients 1,4,16,64] [--tokens 200] [--requests-per-client 2]
        scripts/serve_bench.py --out_dir=DIR [--nanogpt=build/nanogpt] [--threads=2] [--dtype=float32]
-                              [--parallel=64] [--repeat=2] [--clients ...]
+                              [--device=auto] [--parallel=64] [--repeat=2] [--clients ...]
   URL: a running server, e.g. http://127.0.0.1:8080
   --out_dir: start `nanogpt serve` on that checkpoint (any free port) and, in the same run, measure
     `nanogpt sample` on it with the same threads, dtype and knobs; prints the goals' ratios (one
@@ -173,14 +173,14 @@ def sample_tok_s(a):
     """`nanogpt sample` on the same model, threads, dtype and knobs: its own tok/s line."""
     cmd = [a.nanogpt, "sample", f"--out_dir={a.out_dir}", "--start=\n", f"--num_samples={a.requests_per_client}",
            f"--max_new_tokens={a.tokens}", "--temperature=0.8", "--top_k=0", f"--num_threads={a.threads}",
-           f"--dtype={a.dtype}"]
+           f"--dtype={a.dtype}", f"--device={a.device}"]
     err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     return float(re.search(r"([0-9.]+) tok/s", err).group(1))
 
 
 def start_server(a):
     cmd = [a.nanogpt, "serve", f"--out_dir={a.out_dir}", "--port=0", f"--num_threads={a.threads}",
-           f"--dtype={a.dtype}", f"--parallel={a.parallel}", f"--queue={max(64, 4 * a.parallel)}", "--max_tokens=100000"]
+           f"--dtype={a.dtype}", f"--device={a.device}", f"--parallel={a.parallel}", f"--queue={max(64, 4 * a.parallel)}", "--max_tokens=100000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         m = re.search(r"on (http://127\.0\.0\.1:\d+) ", line)
@@ -197,6 +197,7 @@ def main():
     ap.add_argument("--nanogpt", default="build/nanogpt")
     ap.add_argument("--threads", type=int, default=2, help="--num_threads of serve and sample")
     ap.add_argument("--dtype", default="float32", help="--dtype of serve and sample")
+    ap.add_argument("--device", default="auto", help="--device of serve and sample (auto: a GPU where there is one)")
     ap.add_argument("--parallel", type=int, default=64, help="the server's --parallel")
     ap.add_argument("--repeat", type=int, default=1, help="repetitions (with --out_dir)")
     ap.add_argument("--clients", default="1,4,16,64")

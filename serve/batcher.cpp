@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <future>
 #include <numeric>
 #include <random>
 
 #include "data/utf8.h"
+#include "runtime/cuda_plugin.h"
 #include "runtime/device.h"
 
 namespace nanogpt::serve {
@@ -80,6 +82,7 @@ struct Batcher::Choice {
   int64_t index = 0;
   model::Sequence seq;
   int64_t prompt_tokens = 0, max_tokens = 0, generated = 0;
+  int64_t slot = -1;                // its slot of the static KV cache (GPU), -1 before it has one
   std::vector<std::string> stop;
   std::optional<int64_t> logprobs;
   std::string text;                 // generated so far
@@ -92,6 +95,9 @@ Batcher::Batcher(model::GPT& model, const data::Vocab& vocab, const ServerOption
                  model::Quantize quantize)
     : model_(model), vocab_(vocab), options_(options), metrics_(metrics), quantize_(quantize),
       stepper_(std::make_unique<model::SequenceStepper>(model, quantize)) {  // throws here, not in the thread
+  if (options.static_slots || model->parameters().front().device().is_cuda())
+    slots_ = std::make_unique<model::StaticDecoder>(model, options.parallel,
+                                                    options.bf16 ? torch::kBFloat16 : torch::kFloat, /*exact_window=*/false);
   std::promise<void> prepared;
   auto ready = prepared.get_future();
   thread_ = std::thread([this, &prepared] { loop(prepared); });
@@ -224,10 +230,16 @@ void Batcher::finish(Choice& c, const std::string& reason) {
 void Batcher::loop(std::promise<void>& prepared) {
   // Autocast is per thread: this one runs the model (the decoder packs its weights in bf16 under it).
   runtime::AutocastGuard autocast(torch::kCPU, torch::kBFloat16, options_.bf16);
-  try {
-    stepper_->prepare();  // the first request need not wait for the decoder's weights to be packed
-  } catch (const std::exception&) {
-    // (out of memory for the packed copy) the steps then take the general path
+  if (slots_ && model_->parameters().front().device().is_cuda()) {  // every bucket's graph before the first request
+    const auto* plugin = runtime::cuda_plugin();
+    const std::string failed = plugin ? slots_->capture(plugin->decode_graphs()) : "no CUDA plugin";
+    if (!failed.empty()) std::fprintf(stderr, "[serve] CUDA graph capture failed, decoding kernel by kernel: %s\n", failed.c_str());
+  } else if (!slots_) {
+    try {
+      stepper_->prepare();  // the first request need not wait for the decoder's weights to be packed
+    } catch (const std::exception&) {
+      // (out of memory for the packed copy) the steps then take the general path
+    }
   }
   prepared.set_value();  // the constructor returns: `prepared` is gone after this
   std::vector<std::unique_ptr<Choice>> active;
@@ -368,7 +380,7 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
   for (auto& c : active) batch.push_back(&c->seq);
   model::SequenceStepper::Step out;
   try {
-    out = stepper.step(batch);
+    out = slots_ ? static_step(active) : stepper.step(batch);
   } catch (const std::exception& e) {  // the step itself failed (out of memory): every choice of this step ends
     for (auto& c : active) {
       c->job->fail(e.what());
@@ -378,8 +390,9 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
     return;
   }
   const auto now = Clock::now();
-  const int64_t V = out.logits.size(1);
-  const float* all_logits = out.logits.data_ptr<float>();
+  // (the GPU's step brings logits back only when a choice asks for log-probabilities)
+  const int64_t V = out.logits.defined() ? out.logits.size(1) : 0;
+  const float* all_logits = out.logits.defined() ? out.logits.data_ptr<float>() : nullptr;
   std::vector<int64_t> order(V);
   std::vector<std::unique_ptr<Choice>> still;
   auto non_finite = out.non_finite.begin();  // rows in order
@@ -454,6 +467,33 @@ void Batcher::step(std::vector<std::unique_ptr<Choice>>& active, model::Sequence
     if (!done) still.push_back(std::move(active[b]));
   }
   active = std::move(still);
+}
+
+model::SequenceStepper::Step Batcher::static_step(std::vector<std::unique_ptr<Choice>>& active) {
+  const int64_t n = static_cast<int64_t>(active.size());
+  bool logprobs = false;
+  // Choices keep their order in `active` and leave from anywhere in it: each one's slot moves down to
+  // its index (slots only ever move down, onto a slot already left), and a new one starts at its index.
+  for (int64_t i = 0; i < n; ++i) {
+    Choice& c = *active[i];
+    if (c.slot < 0) {
+      slots_->set_options(i, c.seq.options);
+      slots_->start(i, c.seq.tokens);
+    } else {
+      slots_->move(c.slot, i);
+    }
+    c.slot = i;
+    if (slots_->needs_restart(i)) slots_->start(i, c.seq.tokens);
+    logprobs = logprobs || c.logprobs.has_value();
+  }
+  const auto tokens = slots_->step(n);
+  model::SequenceStepper::Step out;
+  if (logprobs) out.logits = slots_->logits(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0) out.non_finite.push_back(i);
+    else active[i]->seq.tokens.push_back(tokens[i]);
+  }
+  return out;
 }
 
 }  // namespace nanogpt::serve

@@ -3,6 +3,9 @@
 // draws one token for every sequence in a slot in one batched pass (model::SequenceStepper), and
 // hands each request its new text; a finished or cancelled sequence leaves its slot at once. HTTP
 // threads submit requests and read their events; nothing else touches the model.
+// On a GPU the slots are those of a static KV cache (model::StaticDecoder): the sequences in flight
+// are kept in its first slots, and a step replays the CUDA graph captured for the next bucket up
+// (1, 2, 4, ... --parallel), so a sequence joining or leaving never captures anything again.
 #pragma once
 
 #include <atomic>
@@ -20,6 +23,7 @@
 
 #include "data/vocab.h"
 #include "model/generate.h"
+#include "model/static_decoder.h"
 #include "serve/metrics.h"
 #include "serve/request.h"
 
@@ -115,6 +119,9 @@ class Batcher {
   void beam(const std::shared_ptr<Job>& job, const CompletionRequest& request);
   void loop(std::promise<void>& prepared);  // sets `prepared` once the decoder is packed
   void step(std::vector<std::unique_ptr<Choice>>& active, model::SequenceStepper& stepper);
+  /// The GPU's step: `active` in slots [0, n) of the static cache, one graph replay; each choice's
+  /// token appended to its sequence. Logits only when a choice asks for log-probabilities.
+  model::SequenceStepper::Step static_step(std::vector<std::unique_ptr<Choice>>& active);
   void finish(Choice& c, const std::string& reason);
 
   model::GPT& model_;
@@ -131,6 +138,7 @@ class Batcher {
   std::atomic<bool> stop_requested_{false};  // for a beam search in progress
   std::atomic<int64_t> busy_{0};
   std::unique_ptr<model::SequenceStepper> stepper_;  // the model in eval mode while the batcher lives
+  std::unique_ptr<model::StaticDecoder> slots_;      // a model on a GPU: the static cache and its graphs
   std::thread thread_;
 };
 

@@ -31,6 +31,7 @@ struct ServerOptions {
   std::vector<std::string> allowed_hosts;  // without an API key: Host headers taken beyond this machine's own ("*": any)
   double stream_interval_ms = 2.0;        // a stream's events at most this often: faster tokens are joined
   bool bf16 = false;                      // the model's products in bfloat16 (CPU autocast, as `sample --dtype=bfloat16`)
+  bool static_slots = false;              // the slots in a static KV cache, one graph-safe step a token (a model on a GPU: always)
 };
 
 }  // namespace nanogpt::serve

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <future>
 #include <limits>
+#include <map>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -1323,5 +1324,136 @@ TEST_F(ServeHttp, TheDocumentedCurlLinesRunAsWritten) {
     }
   }
   EXPECT_GE(ran, 6u) << "the docs lost their curl lines";
+  EXPECT_EQ(server.terminate(30), 0) << server.log();
+}
+
+// ---- On a GPU: the slots in a static KV cache, each step a CUDA graph's replay ----
+
+// The GPU's batching on the CPU (--static_slots: the same code without the graphs): choices of
+// several requests join and leave the static cache's slots (moving down as others finish), each
+// one's greedy text is generate()'s alone, past block_size too (RoPE sliding; learned positions
+// recomputing the window), with stop strings and log-probabilities as the CPU's batching gives them.
+TEST(Batching, StaticSlotsGiveEachChoiceItsGreedyTextWhateverJoinsOrLeaves) {
+  for (const std::string pos : {"rope", "learned"}) {
+    SCOPED_TRACE(pos);
+    auto m = tiny_model(pos);
+    const auto vocab = data::Vocab::from_text("abcdefghijklmnopqrstuvw");
+    serve::ServerOptions options;
+    options.static_slots = true;
+    options.parallel = 4;  // fewer slots than choices: some wait for others to leave
+    serve::Metrics metrics;
+    model::SamplingOptions greedy;
+    greedy.temperature = 0.0;
+    const std::vector<std::string> bodies = {
+        R"({"prompt": "abc", "max_tokens": 30, "n": 2, "temperature": 0, "logprobs": 1})",
+        R"({"prompt": "q", "max_tokens": 7, "temperature": 0})",
+        R"({"prompt": ["defghijklmnopqrs", "tu"], "max_tokens": 20, "temperature": 0})",
+        R"({"prompt": "vwab", "max_tokens": 25, "temperature": 0, "stop": ["k"]})"};
+    std::vector<serve::CompletionRequest> requests;
+    std::vector<std::map<int64_t, std::string>> expected(bodies.size());  // before the model's thread runs
+    for (size_t r = 0; r < bodies.size(); ++r) {
+      const auto request = serve::parse_completion_request(bodies[r], vocab, options);
+      for (size_t p = 0; p < request.prompts.size(); ++p) {
+        const auto& prompt = request.prompts[p];
+        const auto all = reference(m, prompt, request.max_tokens, greedy, 1);
+        std::string text = vocab.decode(std::vector<int64_t>(all.begin() + prompt.size(), all.end()));
+        if (!request.stop.empty() && text.find(request.stop[0]) != std::string::npos) text.resize(text.find(request.stop[0]));
+        for (int64_t i = 0; i < request.n; ++i) expected[r][static_cast<int64_t>(p) * request.n + i] = text;
+      }
+      requests.push_back(request);
+    }
+    serve::Batcher batcher(m, vocab, options, metrics);
+    std::vector<std::shared_ptr<serve::Job>> jobs;
+    for (const auto& request : requests) {
+      jobs.push_back(batcher.submit(request));
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));  // later requests join a running batch
+    }
+    for (size_t r = 0; r < jobs.size(); ++r) {
+      const auto& request = requests[r];
+      const auto& job = jobs[r];
+      std::map<int64_t, std::string> text;
+      std::map<int64_t, size_t> tokens;
+      std::vector<serve::ChoiceEvent> events;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      for (bool more = true; more;) {
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline);
+        more = job->wait_events(events, std::chrono::milliseconds(100));
+        for (const auto& e : events) {
+          text[e.index] += e.text;
+          tokens[e.index] += e.tokens.size();
+          for (const auto& t : e.tokens) {
+            if (request.logprobs) {
+              EXPECT_LE(t.logprob, 0.0);
+            }
+          }
+        }
+      }
+      EXPECT_EQ(job->error(), "");
+      for (const auto& [index, want] : expected[r]) {
+        EXPECT_EQ(text[index], want) << "request " << r << " choice " << index;
+        if (request.stop.empty()) {
+          EXPECT_EQ(tokens[index], static_cast<size_t>(request.max_tokens));
+        }
+      }
+    }
+  }
+}
+
+
+// A GPU server (fp32; TF32 is off for LibTorch's fp32 products unless asked) against the library on
+// the CPU: greedy text and its logprobs, streamed and not, a stop string, greedy text alone and
+// beside sampled requests joining and leaving (other buckets), n choices, beam search, and a
+// client hanging up; it stops on SIGTERM.
+TEST_F(ServeHttp, OnTheGpuGreedyTextAndTheProtocolAreTheCpus) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine";
+  ServerProcess server(dir_->path, out_dir() + " --device=cuda --parallel=16");
+  ASSERT_GT(server.port(), 0) << server.log();
+  EXPECT_EQ(server.log().find("capture failed"), std::string::npos) << server.log();
+  auto loaded = train::load_model(train::resolve_checkpoint(path("out")));
+  model::SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  std::mt19937_64 rng(0);
+  const auto prompt = loaded.vocab.encode(kPrompt);
+  auto tokens = model::generate(loaded.model, prompt, 1, 40, greedy, rng)[0];
+  const std::string expected = loaded.vocab.decode(std::vector<int64_t>(tokens.begin() + prompt.size(), tokens.end()));
+  const json request{{"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0}, {"logprobs", 2}};
+  auto plain = curl("POST", server.url("/v1/completions"), request.dump());
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const json j = json::parse(plain.body);
+  EXPECT_EQ(j["choices"][0]["text"], expected);
+  const auto& lp = j["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 40u);
+  for (size_t i = 0; i < 40; ++i)
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()].get<double>(), 1e-9);
+  const auto ev = streamed_events(server, request);
+  std::string text;
+  for (size_t i = 0; i + 1 < ev.size(); ++i) text += ev[i]["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, expected);
+  if (expected.find('\n') != std::string::npos) {
+    auto stopped = json::parse(curl("POST", server.url("/v1/completions"),
+                                    json{{"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0}, {"stop", "\n"}}.dump())
+                                   .body);
+    EXPECT_EQ(stopped["choices"][0]["text"], expected.substr(0, expected.find('\n')));
+    EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  }
+  std::vector<std::future<Reply>> others;
+  for (int i = 0; i < 9; ++i)
+    others.push_back(std::async(std::launch::async, [&, i] {
+      return curl("POST", server.url("/v1/completions"),
+                  json{{"prompt", i % 2 ? "\u660E\u6708" : "\u5E8A"}, {"max_tokens", 20 + 15 * i}, {"stream", true},
+                       {"n", 1 + i % 3}}.dump(), "-N");
+    }));
+  auto beside = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0}}.dump());
+  for (auto& o : others) EXPECT_EQ(o.get().status, 200);
+  ASSERT_EQ(beside.status, 200) << beside.body;
+  EXPECT_EQ(json::parse(beside.body)["choices"][0]["text"], expected);
+  auto beam = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 10}, {"beam", 3}, {"n", 3}}.dump());
+  ASSERT_EQ(beam.status, 200) << beam.body;
+  EXPECT_EQ(json::parse(beam.body)["choices"].size(), 3u);
+  shell("curl -s -m 0.3 -N -H 'Content-Type: application/json' --data '{\"prompt\": \"" + kPrompt + "\", \"max_tokens\": 4000, \"stream\": true}' '" +
+        server.url("/v1/completions") + "' >/dev/null 2>&1");  // hangs up mid-stream
+  auto after = curl("POST", server.url("/v1/completions"), json{{"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 0}}.dump());
+  ASSERT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(json::parse(after.body)["choices"][0]["text"], expected);
   EXPECT_EQ(server.terminate(30), 0) << server.log();
 }
