@@ -302,7 +302,7 @@ PY
 stamp "sampling and serving: the static KV cache and its step as CUDA graphs"
 "$py" - "$work/random_7443" <<'PY'
 import os, random, sys
-chars = [chr(c) for c in range(0x4E00, 0x4E00 + 7443)]  # one code point, one token: the Tang vocabulary's size
+chars = ["\n"] + [chr(c) for c in range(0x4E00, 0x4E00 + 7442)]  # the Tang vocabulary's size, "\n" (the default prompt) among them
 rng = random.Random(1337)
 text = "".join(chars) + "".join(rng.choice(chars) for _ in range(300_000))
 os.makedirs(sys.argv[1], exist_ok=True)
