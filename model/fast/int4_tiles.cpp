@@ -280,6 +280,50 @@ void quantize_int4_row_avx512(const float* __restrict w, int64_t cols, int64_t j
     _mm256_i32scatter_epi32(p + 4 * j, chunk, _mm512_maskz_cvtepi64_epi32(0xFF, packed), 1);
   }
 }
+
+// The same with AVX2 (no AVX-512), the same rule: the group's range from 8 registers, each step by
+// an IEEE division and round to nearest even, clamped to 0..15; the nibbles packed as the loop above.
+__attribute__((target("avx2,fma")))
+void quantize_int4_row_avx2_fma(const float* __restrict w, int64_t cols, int64_t j, uint8_t* __restrict tile) {
+  for (int64_t g = 0; g < cols / kInt4Group; ++g) {
+    const float* group = w + g * kInt4Group;
+    __m256 v[8], lo8 = _mm256_loadu_ps(group), hi8 = lo8;
+    int bad = 0;
+    for (int k = 0; k < 8; ++k) {
+      v[k] = _mm256_loadu_ps(group + 8 * k);
+      lo8 = _mm256_min_ps(lo8, v[k]);
+      hi8 = _mm256_max_ps(hi8, v[k]);
+      bad |= _mm256_movemask_ps(_mm256_cmp_ps(_mm256_sub_ps(v[k], v[k]), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+    }
+    alignas(32) float low[8], high[8];
+    _mm256_store_ps(low, lo8);
+    _mm256_store_ps(high, hi8);
+    float lo = low[0], hi = high[0];
+    for (int k = 1; k < 8; ++k) {
+      lo = std::min(lo, low[k]);
+      hi = std::max(hi, high[k]);
+    }
+    uint8_t* p = tile + g * kInt4GroupBytes;
+    const uint16_t d_bits = float_to_bf16_bits(bad ? std::numeric_limits<float>::quiet_NaN() : (hi - lo) / 15.0f);
+    const uint16_t m_bits = float_to_bf16_bits(bad ? 0.0f : lo);
+    std::memcpy(p + kInt4Chunks * 64 + 2 * j, &d_bits, 2);
+    std::memcpy(p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), &m_bits, 2);
+    const float d = bf16_bits_to_float(d_bits), m = bf16_bits_to_float(m_bits);
+    alignas(32) int32_t u[kInt4Group] = {};
+    if (d > 0.0f) {
+      const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m), top = _mm256_set1_ps(15.0f);
+      for (int k = 0; k < 8; ++k) {
+        const __m256 q = _mm256_round_ps(_mm256_div_ps(_mm256_sub_ps(v[k], mv), dv),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(u + 8 * k),
+                           _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(q, top), _mm256_setzero_ps())));
+      }
+    }
+    for (int64_t c = 0; c < kInt4Chunks; ++c)  // row j's 4 bytes of chunk c: columns 0..3 low, 4..7 high
+      for (int64_t i = 0; i < 4; ++i)
+        p[c * 64 + 4 * j + i] = static_cast<uint8_t>(u[8 * c + i] | u[8 * c + 4 + i] << 4);
+  }
+}
 #endif
 
 }  // namespace
@@ -297,6 +341,10 @@ void quantize_int4(const float* w, int64_t rows, int64_t cols, uint8_t* out) {
 #if NANOGPT_X86_INTRINSICS
                        if (avx512_kernels() && cols % kInt4Group == 0) {
                          quantize_int4_row_avx512(w + r * cols, cols, r % kInt4Tile, tile);
+                         continue;
+                       }
+                       if (avx2_kernels() && cols % kInt4Group == 0) {
+                         quantize_int4_row_avx2_fma(w + r * cols, cols, r % kInt4Tile, tile);
                          continue;
                        }
 #endif
