@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "data/prepare.h"
+#include "train/checkpoint.h"
 
 namespace nanogpt::cli {
 namespace {
@@ -54,7 +55,16 @@ void add_prepare_command(CLI::App& app) {
           std::map<std::string, data::TokenizerKind>{{"char", data::TokenizerKind::Char}, {"bpe", data::TokenizerKind::Bpe}}))
       ->default_str("char");
   cmd->add_option("--vocab_size", options->vocab_size, "bpe: the pieces to learn, e.g. 2048 (256 of them are bytes)");
-  cmd->callback([options, inputs, separator] {
+  auto tokenizer_from = std::make_shared<std::string>();
+  cmd->add_option("--tokenizer_from", *tokenizer_from,
+                  "Tokenize with the tokenizer of this checkpoint or folder (e.g. a model `nanogpt import` wrote), to "
+                  "fine-tune it with train --init_from");
+  cmd->callback([options, inputs, separator, tokenizer_from] {
+    if (!tokenizer_from->empty()) {
+      if (options->tokenizer != data::TokenizerKind::Char || options->vocab_size != 0)
+        throw std::runtime_error("[data] --tokenizer_from uses that checkpoint's tokenizer: drop --tokenizer and --vocab_size");
+      options->vocab = train::read_checkpoint_meta(train::resolve_checkpoint(*tokenizer_from)).vocab;
+    }
     options->input = inputs->front();
     options->more_inputs.assign(inputs->begin() + 1, inputs->end());
     options->separator = unescape(*separator);

@@ -36,6 +36,7 @@
 #include <stdexcept>
 
 #include "data/bpe.h"
+#include "data/hf_tokenizer.h"
 #include "data/token_file.h"
 #include "data/utf8.h"
 #include "io/atomic_file.h"
@@ -261,8 +262,10 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
   meta.val_tokens = meta.val_chars;
   meta.val_fraction = options.val_fraction;
   check_split_sizes(meta, options);
-  const bool bpe = options.tokenizer == TokenizerKind::Bpe;
-  meta.vocab = bpe ? train_tokenizer(files, options, meta.train_chars, counts) : Vocab::from_chars(chars);
+  const bool bpe = options.tokenizer == TokenizerKind::Bpe || options.vocab.has_value();  // subwords, line by line
+  meta.vocab = options.vocab                                        ? *options.vocab
+               : options.tokenizer == TokenizerKind::Bpe ? train_tokenizer(files, options, meta.train_chars, counts)
+                                                         : Vocab::from_chars(chars);
   counts = {};
   make_out_dir(options.out_dir);
 
@@ -303,7 +306,9 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
       std::string line;
       size_t line_chars = 0;
       const auto encode_line = [&] {
-        const std::vector<int64_t> encoded = meta.vocab.encode(line);
+        // An imported tokenizer's special tokens (Llama's <s>) belong to a prompt, not to every line.
+        const HfTokenizer* hf = meta.vocab.hf_tokenizer();
+        const std::vector<int64_t> encoded = hf ? hf->encode(line, /*add_special_tokens=*/false) : meta.vocab.encode(line);
         ids.assign(encoded.begin(), encoded.end());
         writer.append(ids.data(), ids.size());
         line.clear();
@@ -351,8 +356,8 @@ double val_tokens_per_char(const DatasetMeta& meta) {
 std::string summary_line(const DatasetMeta& meta) {
   std::string line = fmt::format("[data] vocab_size={} train_tokens={} val_tokens={}", meta.vocab.size(),
                                  meta.train_tokens, meta.val_tokens);
-  if (meta.vocab.kind() == TokenizerKind::Bpe)
-    line += fmt::format(" tokenizer=bpe val_chars_per_token={:.3f}", 1.0 / val_tokens_per_char(meta));
+  if (meta.vocab.kind() != TokenizerKind::Char)
+    line += fmt::format(" tokenizer={} val_chars_per_token={:.3f}", meta.vocab.kind_name(), 1.0 / val_tokens_per_char(meta));
   return line;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,7 @@ struct PrepareOptions {
   Utf8Errors errors = Utf8Errors::strict;  // invalid UTF-8: refuse, or replace with U+FFFD
   TokenizerKind tokenizer = TokenizerKind::Char;  // char: one token per character; bpe: SentencePiece subwords
   int64_t vocab_size = 0;                  // bpe: pieces to learn (e.g. 2048); not used by char
+  std::optional<Vocab> vocab{};            // a tokenizer to use as it is (prepare --tokenizer_from); none = make one
   std::function<void(const PrepareProgress&)> progress{};  // called about every 1% (optional)
 };
 

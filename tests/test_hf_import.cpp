@@ -3,13 +3,14 @@
 // tests/hf_import_reference.py (no hub). Our logits within 1e-5 of transformers' in fp32, greedy
 // continuations of 100 tokens equal (a CJK prompt included), import -> export --format=hf ->
 // transformers the same logits again, the other subcommands working on the folder, refusals in one
-// line.
+// line, and a fine-tune (prepare --tokenizer_from, train --init_from) whose val loss falls.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,63 @@ TEST_F(HfImport, SampleAndAttentionWorkOnTheImportedFolder) {
   r = run_nanogpt("attention --out_dir='" + ours + "' --start='To be or not to be' --out='" + (*dir_ / "att.png") + "'",
                   dir_->path);
   EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// The val losses of a run's [eval] lines, in order.
+std::vector<double> val_losses(const std::string& log) {
+  std::vector<double> losses;
+  const std::regex line(R"(\[eval\] iter \d+ \| train [0-9.]+ \| val ([0-9.]+))");
+  for (std::sregex_iterator it(log.begin(), log.end(), line), end; it != end; ++it) losses.push_back(std::stod((*it)[1]));
+  return losses;
+}
+
+TEST_F(HfImport, FineTuningFromTheImportedWeightsLowersTheValLoss) {
+  for (const char* name : {"gpt2", "llama"}) {
+    SCOPED_TRACE(name);
+    const std::string ours = import(name), data = *dir_ / (std::string("data_") + name),
+                      run_dir = *dir_ / (std::string("finetune_") + name), text = *dir_ / "shakespeare.txt";
+    spit(text, slurp(std::string(NANOGPT_SOURCE_DIR) + "/data/shakespeare_char/input.txt").substr(0, 100000));
+    auto r = run_nanogpt("prepare --tokenizer_from='" + ours + "' --input '" + text + "' --out_dir='" + data + "'",
+                         dir_->path);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.out.find("tokenizer=hf"), std::string::npos) << r.out;
+    // The prepared tokens are the imported tokenizer's own (no <s> per line).
+    const auto vocab = nanogpt::train::load_model(ours + "/" + nanogpt::train::kLastCheckpoint).vocab;
+    r = run_nanogpt("train '" + std::string(NANOGPT_SOURCE_DIR) + "/configs/finetune_shakespeare.yaml' --out_dir='" +
+                        run_dir + "' --dataset='" + data + "' --init_from='" + ours +
+                        "' --device=cpu --max_iters=15 --eval_interval=5 --eval_iters=4 --batch_size=4 "
+                        "--gradient_accumulation_steps=1 --learning_rate=1e-3",
+                    dir_->path);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.out.find("[ckpt] weights from"), std::string::npos) << r.out;
+    const auto losses = val_losses(r.out);
+    ASSERT_EQ(losses.size(), 4u) << r.out;  // iters 0, 5, 10, 15
+    EXPECT_LT(losses.back(), losses.front() - 0.05) << r.out;
+    // The fine-tuned model keeps the architecture and the tokenizer: it samples, and it exports.
+    const auto tuned = nanogpt::train::load_model(nanogpt::train::resolve_checkpoint(run_dir));
+    EXPECT_TRUE(tuned.vocab == vocab);
+    EXPECT_EQ(nanogpt::model::to_json(tuned.model->config()).dump(),
+              nanogpt::model::to_json(nanogpt::train::load_model(ours + "/" + nanogpt::train::kLastCheckpoint).model->config()).dump());
+  }
+  // The imported folder itself resumes as a run (step 0 of it) on the same tokens.
+  const std::string ours = import("gpt2");
+  const auto r = run_nanogpt("train '" + ours + "/config.yaml' --out_dir='" + ours + "' --init_from=resume --dataset='" + (*dir_ / "data_gpt2") +
+                                 "' --device=cpu --max_iters=2 --eval_interval=2 --eval_iters=1 --batch_size=2",
+                             dir_->path);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  // A dataset of another tokenizer is refused, naming the way to make the right one.
+  const auto refused = run_nanogpt("train '" + std::string(NANOGPT_SOURCE_DIR) + "/configs/finetune_shakespeare.yaml' --out_dir='" + (*dir_ / "refused_run") + "' --init_from='" + ours +
+                                       "' --dataset='" + std::string(NANOGPT_SOURCE_DIR) +
+                                       "/data/shakespeare_char' --device=cpu --max_iters=1",
+                                   dir_->path);
+  EXPECT_NE(refused.rc, 0);
+  EXPECT_NE(refused.err.find("--tokenizer_from"), std::string::npos) << refused.err;
+  // A folder that is not there is named with the way to make it.
+  const auto missing = run_nanogpt("train '" + std::string(NANOGPT_SOURCE_DIR) + "/configs/finetune_shakespeare.yaml' --out_dir='" +
+                                       (*dir_ / "refused_run2") + "' --init_from=gpt2 --device=cpu --max_iters=1",
+                                   dir_->path);
+  EXPECT_NE(missing.rc, 0);
+  EXPECT_NE(missing.err.find("[train] --init_from=gpt2: no such checkpoint or folder"), std::string::npos) << missing.err;
 }
 
 TEST_F(HfImport, AnythingElseIsRefusedInOneLineNamingIt) {

@@ -438,9 +438,9 @@ void TrainConfig::validate() const {
   check(eval_interval >= 1, "eval_interval", i(eval_interval), "must be >= 1: evaluate every N iterations");
   check(log_interval >= 1, "log_interval", i(log_interval), "must be >= 1: log every N iterations");
   check(eval_iters >= 1, "eval_iters", i(eval_iters), "must be >= 1: batches averaged per split at each evaluation");
-  check(in(init_from, {"scratch", "resume"}), "init_from", init_from,
-        init_from.rfind("gpt2", 0) == 0 ? "must be scratch or resume: GPT-2 weights use BPE tokens, not characters"
-                                        : "must be scratch or resume");
+  // Any other value names a checkpoint (or a folder of one) whose weights a new run starts from; the
+  // trainer checks that it is there.
+  check(!init_from.empty(), "init_from", "''", "must be scratch, resume or a checkpoint's folder (e.g. one `nanogpt import` wrote)");
   check(!dataset.empty(), "dataset", "''", "must name a folder with input.txt, e.g. data/shakespeare_char");
   check(val_fraction > 0 && val_fraction < 1, "val_fraction", d(val_fraction),
         "must be in (0, 1): the fraction of characters held out for validation, e.g. 0.1");

@@ -129,6 +129,21 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
     config_.set_architecture(resume_meta.model_config);  // the checkpoint decides the architecture
     config_.validate();
   }
+  // init_from=DIR: a new run from another checkpoint's weights (an imported model, for a fine-tune):
+  // its architecture and vocabulary, this config's dropout and schedule, step 0, a fresh optimizer.
+  CheckpointMeta init_meta;
+  std::string init_path;
+  const bool init = !resume && config_.init_from != "scratch";
+  if (init) {
+    if (!std::filesystem::exists(config_.init_from))
+      throw std::runtime_error("[train] --init_from=" + config_.init_from +
+                               ": no such checkpoint or folder (scratch, resume, or a folder `nanogpt import --format=hf "
+                               "DIR --out_dir=" + config_.init_from + "` wrote)");
+    init_path = resolve_checkpoint(config_.init_from);
+    init_meta = read_checkpoint_meta(init_path);
+    config_.set_architecture(init_meta.model_config);
+    config_.validate();
+  }
   run_id_ = run.id;
   if (is_main() && !config_.eval_only) write_run_id(config_.out_dir, run);
   // Saves that a kill interrupted left their temporary files (as large as a checkpoint): rank 0
@@ -184,6 +199,12 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
         config_.dataset, meta.vocab.kind_name(), meta.vocab.size(), config_.vocab_size));
   vocab_ = meta.vocab;
   val_tokens_per_char_ = data::val_tokens_per_char(meta);
+  if (init && !(init_meta.vocab == vocab_))
+    throw std::runtime_error(fmt::format(
+        "[train] --init_from={} holds a {} vocabulary of {} tokens, dataset '{}' a {} one of {}: tokenize the text "
+        "with it (nanogpt prepare --tokenizer_from={} --input FILE --out_dir DIR) and train on that",
+        config_.init_from, init_meta.vocab.kind_name(), init_meta.vocab.size(), config_.dataset, vocab_.kind_name(),
+        vocab_.size(), config_.init_from));
   if (resume && !(resume_meta.vocab == vocab_))
     throw std::runtime_error(fmt::format(
         "[train] the checkpoint's vocabulary ({}, {} tokens) differs from dataset '{}' ({}, {} tokens): resume with "
@@ -210,7 +231,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   data::BatchSampler(val_tokens_, 1, config_.model.block_size, 0);
 
   torch::manual_seed(static_cast<uint64_t>(config_.seed));
-  config_.model.vocab_size = vocab_.size();
+  if (!init) config_.model.vocab_size = vocab_.size();  // an imported model may have more rows than tokens
   model_ = model::GPT(config_.model);
   model_->to(device_);
   FlatAdamW::Options opt;
@@ -226,6 +247,10 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   schedule_ = LrSchedule{config_.learning_rate, config_.min_lr,          config_.warmup_iters, config_.lr_decay_iters,
                          config_.decay_lr,      config_.lr_schedule == "wsd", config_.decay_frac};
 
+  if (init) {
+    load_checkpoint(init_path, &model_, nullptr);
+    log_->info("[ckpt] weights from {}: a new run from step 0 with a fresh optimizer", init_path);
+  }
   if (resume) {
     auto state = load_checkpoint(last_path, &model_, optimizer_.get());
     sampler_->restore_state(state.sampler_state);
