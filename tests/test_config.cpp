@@ -273,7 +273,7 @@ TEST(Config, ValidationFailuresNameTheKey) {
       {{"--dtype=fp16"}, "dtype (fp16)"},
       {{"--pos_encoding=alibi"}, "pos_encoding (alibi)"},
       {{"--norm=batchnorm"}, "norm (batchnorm)"},
-      {{"--attention=flash"}, "attention (flash)"},
+      {{"--attention=fast"}, "attention (fast)"},
       {{"--batch_size=0"}, "batch_size (0)"},
       {{"--block_size=-1"}, "block_size (-1)"},
       {{"--n_layer=0"}, "n_layer (0)"},
@@ -386,7 +386,7 @@ TEST(Config, ToYamlRoundTripsExactly) {
 
 TEST(Config, ToYamlWritesEveryKeyInDeclarationOrder) {
   const std::vector<std::string> keys = config_keys();
-  ASSERT_EQ(keys.size(), 57u);  // nanoGPT's, ours (n_kv_head, pos_encoding, tf32, checkpoint_interval, checkpoint_async, tokenizer, ...), the modern switches, data parallel
+  ASSERT_EQ(keys.size(), 58u);  // nanoGPT's, ours (n_kv_head, pos_encoding, tf32, checkpoint_interval, checkpoint_async, tokenizer, cuda_graphs, ...), the modern switches, data parallel
   EXPECT_EQ(keys.front(), "out_dir");
   EXPECT_EQ(keys.back(), "ddp_bucket_mb");
   const std::string yaml = to_yaml(TrainConfig{});

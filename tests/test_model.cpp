@@ -560,7 +560,7 @@ TEST(ModelConfig, RejectsImpossibleCombinationsNamingValues) {
   expect_error(c, "attention (fast) must be math, sdpa, chunked, flash or auto");
   c = tiny();
   c.mlp = "geglu";
-  expect_error(c, "mlp (geglu) must be gelu, relu2 or swiglu");
+  expect_error(c, "mlp (geglu) must be gelu, gelu_tanh, relu2 or swiglu");
   c = tiny();
   c.logit_softcap = -1;
   expect_error(c, "logit_softcap (-1.0) must be a number >= 0");

@@ -1,7 +1,6 @@
 // One CUDA graph per batch-size bucket of the decode step (see decode_graph.h).
 #include "model/cuda/decode_graph.h"
 
-#include <fmt/format.h>
 
 #include <map>
 #include <stdexcept>
@@ -21,7 +20,7 @@ class DecodeGraphs final : public StepGraphs {
   }
   void replay(int64_t bucket) override {
     auto it = graphs_.find(bucket);
-    if (it == graphs_.end()) throw std::logic_error(fmt::format("[sample] no decode graph for a batch of {}", bucket));
+    if (it == graphs_.end()) throw std::logic_error("[sample] no decode graph for a batch of " + std::to_string(bucket));
     it->second->replay();
   }
 
