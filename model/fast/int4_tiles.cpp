@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "model/fast/avx2.h"
@@ -194,6 +195,34 @@ int64_t int4_bytes(int64_t rows, int64_t cols) {
 
 namespace {
 
+// Group p's step d = (hi - lo) / 15 and offset m = lo for row j, stored in bf16 (d NaN and m 0 when
+// the group holds a NaN or an infinity); returned as stored, the values every weight rounds against.
+inline std::pair<float, float> store_int4_range(uint8_t* p, int64_t j, float lo, float hi, bool nonfinite) {
+  const uint16_t d_bits = float_to_bf16_bits(nonfinite ? std::numeric_limits<float>::quiet_NaN() : (hi - lo) / 15.0f);
+  const uint16_t m_bits = float_to_bf16_bits(nonfinite ? 0.0f : lo);
+  std::memcpy(p + kInt4Chunks * 64 + 2 * j, &d_bits, 2);
+  std::memcpy(p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), &m_bits, 2);
+  return {bf16_bits_to_float(d_bits), bf16_bits_to_float(m_bits)};
+}
+
+// Row j's steps u (0..15, one per column of group p) into the group's chunks: chunk c's 4 bytes for
+// row j hold columns 0..3 in their low nibbles and 4..7 in their high ones.
+template <typename Step>
+inline void pack_int4_steps(uint8_t* p, int64_t j, const Step* u) {
+  for (int64_t c = 0; c < kInt4Chunks; ++c)
+    for (int64_t i = 0; i < 4; ++i) p[c * 64 + 4 * j + i] = static_cast<uint8_t>(u[8 * c + i] | u[8 * c + 4 + i] << 4);
+}
+
+// The smallest of `lanes` minima and the largest of as many maxima (a register's lanes, stored).
+inline std::pair<float, float> lanes_range(const float* low, const float* high, int lanes) {
+  float lo = low[0], hi = high[0];
+  for (int k = 1; k < lanes; ++k) {
+    lo = std::min(lo, low[k]);
+    hi = std::max(hi, high[k]);
+  }
+  return {lo, hi};
+}
+
 // Row j of a tile (its bytes zeroed, or those of a row written before) from w's `cols` weights,
 // group by group: d = (max - min) / 15 and m = min in bf16 (d NaN once a weight is NaN or
 // infinite), then each weight's nearest step u = (w - m) / d in 0..15 from the rounded d and m,
@@ -212,21 +241,14 @@ _Pragma("omp simd reduction(min : lo) reduction(max : hi) reduction(+ : nonfinit
       nonfinite += group[k] - group[k];  // NaN once any weight is NaN or inf
     }
     uint8_t* p = tile + g * kInt4GroupBytes;
-    const uint16_t d_bits = float_to_bf16_bits(nonfinite != 0.0f ? std::numeric_limits<float>::quiet_NaN()
-                                                                : (hi - lo) / 15.0f);
-    const uint16_t m_bits = float_to_bf16_bits(nonfinite != 0.0f ? 0.0f : lo);
-    std::memcpy(p + kInt4Chunks * 64 + 2 * j, &d_bits, 2);
-    std::memcpy(p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), &m_bits, 2);
-    const float d = bf16_bits_to_float(d_bits), m = bf16_bits_to_float(m_bits);
+    const auto [d, m] = store_int4_range(p, j, lo, hi, nonfinite != 0.0f);
 _Pragma("omp simd")
     for (int64_t k = 0; k < n; ++k) {
       const float v = d > 0.0f ? std::nearbyint((group[k] - m) / d) : 0.0f;
       u[k] = static_cast<uint8_t>(v > 15.0f ? 15.0f : v > 0.0f ? v : 0.0f);  // (NaN: 0)
     }
     std::fill(u + n, u + kInt4Group, uint8_t{0});  // columns past the matrix's end
-    for (int64_t c = 0; c < kInt4Chunks; ++c)  // row j's 4 bytes of chunk c: columns 0..3 low, 4..7 high
-      for (int64_t i = 0; i < 4; ++i)
-        p[c * 64 + 4 * j + i] = static_cast<uint8_t>(u[8 * c + i] | u[8 * c + 4 + i] << 4);
+    pack_int4_steps(p, j, u);
   }
 })
 
@@ -253,17 +275,9 @@ void quantize_int4_row_avx512(const float* __restrict w, int64_t cols, int64_t j
                                              _mm512_maskz_min_ps(all, v[2], v[3])));
     _mm512_store_ps(high, _mm512_maskz_max_ps(all, _mm512_maskz_max_ps(all, v[0], v[1]),
                                               _mm512_maskz_max_ps(all, v[2], v[3])));
-    float lo = low[0], hi = high[0];
-    for (int k = 1; k < 16; ++k) {
-      lo = std::min(lo, low[k]);
-      hi = std::max(hi, high[k]);
-    }
+    const auto [lo, hi] = lanes_range(low, high, 16);
     uint8_t* p = tile + g * kInt4GroupBytes;
-    const uint16_t d_bits = float_to_bf16_bits(bad ? std::numeric_limits<float>::quiet_NaN() : (hi - lo) / 15.0f);
-    const uint16_t m_bits = float_to_bf16_bits(bad ? 0.0f : lo);
-    std::memcpy(p + kInt4Chunks * 64 + 2 * j, &d_bits, 2);
-    std::memcpy(p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), &m_bits, 2);
-    const float d = bf16_bits_to_float(d_bits), m = bf16_bits_to_float(m_bits);
+    const auto [d, m] = store_int4_range(p, j, lo, hi, bad != 0);
     __m512i bytes = _mm512_setzero_si512();  // the 64 steps, in column order
     if (d > 0.0f) {
       const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m), top = _mm512_set1_ps(15.0f);
@@ -298,17 +312,9 @@ void quantize_int4_row_avx2_fma(const float* __restrict w, int64_t cols, int64_t
     alignas(32) float low[8], high[8];
     _mm256_store_ps(low, lo8);
     _mm256_store_ps(high, hi8);
-    float lo = low[0], hi = high[0];
-    for (int k = 1; k < 8; ++k) {
-      lo = std::min(lo, low[k]);
-      hi = std::max(hi, high[k]);
-    }
+    const auto [lo, hi] = lanes_range(low, high, 8);
     uint8_t* p = tile + g * kInt4GroupBytes;
-    const uint16_t d_bits = float_to_bf16_bits(bad ? std::numeric_limits<float>::quiet_NaN() : (hi - lo) / 15.0f);
-    const uint16_t m_bits = float_to_bf16_bits(bad ? 0.0f : lo);
-    std::memcpy(p + kInt4Chunks * 64 + 2 * j, &d_bits, 2);
-    std::memcpy(p + kInt4Chunks * 64 + 2 * (kInt4Tile + j), &m_bits, 2);
-    const float d = bf16_bits_to_float(d_bits), m = bf16_bits_to_float(m_bits);
+    const auto [d, m] = store_int4_range(p, j, lo, hi, bad != 0);
     alignas(32) int32_t u[kInt4Group] = {};
     if (d > 0.0f) {
       const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m), top = _mm256_set1_ps(15.0f);
@@ -319,9 +325,7 @@ void quantize_int4_row_avx2_fma(const float* __restrict w, int64_t cols, int64_t
                            _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(q, top), _mm256_setzero_ps())));
       }
     }
-    for (int64_t c = 0; c < kInt4Chunks; ++c)  // row j's 4 bytes of chunk c: columns 0..3 low, 4..7 high
-      for (int64_t i = 0; i < 4; ++i)
-        p[c * 64 + 4 * j + i] = static_cast<uint8_t>(u[8 * c + i] | u[8 * c + 4 + i] << 4);
+    pack_int4_steps(p, j, u);
   }
 }
 #endif
