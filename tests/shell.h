@@ -25,6 +25,16 @@ inline int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status
 /// Runs `cmd` through the shell; its exit code.
 inline int shell(const std::string& cmd) { return exit_code(std::system(cmd.c_str())); }
 
+/// The same with the command's output discarded.
+inline int shell_quiet(const std::string& cmd) { return shell(cmd + " > /dev/null 2>&1"); }
+
+/// The Python the suite's reference scripts run on: $NANOGPT_PYTHON (e.g. one with another
+/// transformers), else the one configured.
+inline std::string project_python() {
+  const char* env = std::getenv("NANOGPT_PYTHON");
+  return env && *env ? env : NANOGPT_PYTHON;
+}
+
 struct Outcome {
   int rc = -1;
   std::string out, err;

@@ -13,6 +13,7 @@
 
 #include "data/hf_tokenizer.h"
 #include "data/vocab.h"
+#include "shell.h"
 #include "test_files.h"
 
 namespace {
@@ -24,14 +25,11 @@ using nanogpt::testing::slurp;
 using nanogpt::testing::spit;
 using Json = nlohmann::json;
 
-std::string python() {
-  const char* env = std::getenv("NANOGPT_PYTHON");
-  return env && *env ? env : NANOGPT_PYTHON;
-}
+std::string python() { return nanogpt::testing::project_python(); }
 
 std::string script() { return std::string(NANOGPT_SOURCE_DIR) + "/tests/hf_import_reference.py"; }
 
-int run(const std::string& command) { return std::system((command + " > /dev/null 2>&1").c_str()); }
+int run(const std::string& command) { return nanogpt::testing::shell_quiet(command); }
 
 // The texts each tokenizer must encode as the library does (file name -> bytes).
 const std::vector<std::pair<std::string, std::string>>& texts() {

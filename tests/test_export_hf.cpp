@@ -20,6 +20,7 @@
 #include "interop/hf_export.h"
 #include "io/safetensors.h"
 #include "runtime/subprocess.h"
+#include "shell.h"
 #include "test_files.h"
 #include "train_fixture.h"
 #include "train/checkpoint.h"
@@ -34,12 +35,8 @@ using Json = nlohmann::json;
 
 namespace {
 
-// The Python that runs tests/hf_reference.py: $NANOGPT_PYTHON (e.g. one with another transformers),
-// else the one configured.
-std::string python() {
-  const char* env = std::getenv("NANOGPT_PYTHON");
-  return env && *env ? env : NANOGPT_PYTHON;
-}
+// The Python that runs tests/hf_reference.py.
+std::string python() { return nanogpt::testing::project_python(); }
 
 // Why that Python cannot run tests/hf_reference.py, or "" when it can.
 std::string transformers_missing() {

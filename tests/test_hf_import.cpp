@@ -31,16 +31,13 @@ using nanogpt::testing::slurp;
 using nanogpt::testing::spit;
 using Json = nlohmann::json;
 
-std::string python() {
-  const char* env = std::getenv("NANOGPT_PYTHON");
-  return env && *env ? env : NANOGPT_PYTHON;
-}
+std::string python() { return nanogpt::testing::project_python(); }
 
 std::string reference_command(const std::string& args) {
   return "'" + python() + "' '" + std::string(NANOGPT_SOURCE_DIR) + "/tests/hf_import_reference.py' " + args;
 }
 
-int run(const std::string& command) { return std::system((command + " > /dev/null 2>&1").c_str()); }
+int run(const std::string& command) { return nanogpt::testing::shell_quiet(command); }
 
 constexpr const char* kEnglish =
     "First Citizen:\nBefore we proceed any further, hear me speak. You are all resolved rather to die than to famish?";
