@@ -1,8 +1,8 @@
 // A transformers folder -> our checkpoint (see hf_import.h): config.json mapped onto ModelConfig,
 // each of our parameters filled from its tensor(s) in the model files, one at a time.
 #include "interop/hf_import.h"
+#include "interop/imported_run.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -16,7 +16,6 @@
 #include <utility>
 #include <vector>
 
-#include "data/batch_sampler.h"
 #include "data/vocab.h"
 #include "io/atomic_dir.h"
 #include "io/atomic_file.h"
@@ -331,14 +330,11 @@ HfImport import_hf(const std::string& dir, const std::string& out_dir, int64_t b
   meta.config_yaml = train::to_yaml(train_config);
   meta.model_config = c;
   meta.vocab = vocab;
-  const auto seed = static_cast<uint64_t>(train_config.seed);  // the generators of a new run with this seed
-  meta.sampler_state = data::BatchSampler(torch::zeros({2}, torch::kInt32), 1, 1, seed).state();
-  meta.torch_rng_state = at::make_generator<at::CPUGeneratorImpl>(seed).get_state();
+  fresh_generators(meta, static_cast<uint64_t>(train_config.seed));
 
   io::StagedDir staged(out_dir, "import");
   train::FlatAdamW optimizer(*gpt, train::FlatAdamW::Options{});
-  train::save_checkpoint(staged / train::kLastCheckpoint, gpt, optimizer, meta);
-  io::write_bytes_atomically(staged / "config.yaml", meta.config_yaml, "import");
+  write_checkpoint_folder(staged, gpt, optimizer, meta, "import");
   staged.commit();
   result.checkpoint = out_dir + "/" + train::kLastCheckpoint;
   result.config = out_dir + "/config.yaml";

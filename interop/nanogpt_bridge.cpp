@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -17,12 +16,11 @@
 #include <stdexcept>
 #include <utility>
 
-#include "data/batch_sampler.h"
 #include "data/vocab.h"
+#include "interop/imported_run.h"
 #include "interop/nanogpt_config.h"
 #include "interop/nanogpt_layout.h"
 #include "io/atomic_dir.h"
-#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "io/text.h"
 #include "model/gpt.h"
@@ -105,11 +103,6 @@ train::FlatAdamW::Options adamw_options(const train::TrainConfig& config) {
 
 // A fresh start for what nanoGPT does not save: the batch sampler's and dropout's generators,
 // seeded as a new run with `seed` would seed them.
-void fresh_generators(train::CheckpointMeta& meta, uint64_t seed) {
-  meta.sampler_state = data::BatchSampler(torch::zeros({2}, torch::kInt32), 1, 1, seed).state();
-  meta.torch_rng_state = at::make_generator<at::CPUGeneratorImpl>(seed).get_state();
-}
-
 }  // namespace
 
 PythonBridge PythonBridge::find(const std::string& built_python, const std::string& source_dir) {
@@ -161,8 +154,7 @@ ImportReport import_nanogpt(const std::string& ckpt_pt, const std::string& meta_
   state.vocab = vocab.vocab;
   fresh_generators(state, static_cast<uint64_t>(config.seed));
   state.eval_done = true;  // nanoGPT saves right after evaluating at iter_num: resume goes on with its step
-  train::save_checkpoint(staged / train::kLastCheckpoint, gpt, optimizer, state);
-  io::write_bytes_atomically(staged / "config.yaml", state.config_yaml, "import");
+  write_checkpoint_folder(staged, gpt, optimizer, state, "import");
   staged.commit();
 
   report.checkpoint = out_dir + "/" + train::kLastCheckpoint;
