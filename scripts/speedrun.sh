@@ -17,7 +17,9 @@
 # Environment: THREADS (default: all cores), NANOGPT_COMPILE ("False True"), SHAKESPEARE_CONFIGS and
 # TANG_CONFIGS (our configs to try, space-separated). Run it on an otherwise idle machine.
 set -euo pipefail
-nanogpt_dir=$(cd "${1:?usage: scripts/speedrun.sh NANOGPT_DIR [shakespeare|tang|both]}" && pwd)
+usage="usage: scripts/speedrun.sh NANOGPT_DIR [shakespeare|tang|both]"
+[[ -f ${1:?$usage}/train.py ]] || { echo "[speedrun] error: '$1' is not a nanoGPT checkout (no train.py there); $usage" >&2; exit 2; }
+nanogpt_dir=$(cd "$1" && pwd)
 corpora=${2:-both}
 case $corpora in
   shakespeare | tang) ;;
