@@ -441,6 +441,9 @@ void TrainConfig::validate() const {
   // Any other value names a checkpoint (or a folder of one) whose weights a new run starts from; the
   // trainer checks that it is there.
   check(!init_from.empty(), "init_from", "''", "must be scratch, resume or a checkpoint's folder (e.g. one `nanogpt import` wrote)");
+  // A newline or tab here is a YAML slip (a `|` block, a stray quote), not a folder anyone meant.
+  check(std::none_of(init_from.begin(), init_from.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }),
+        "init_from", init_from, "holds a control character: write the folder's name on one line, e.g. init_from: out-gpt2");
   check(!dataset.empty(), "dataset", "''", "must name a folder with input.txt, e.g. data/shakespeare_char");
   check(val_fraction > 0 && val_fraction < 1, "val_fraction", d(val_fraction),
         "must be in (0, 1): the fraction of characters held out for validation, e.g. 0.1");
