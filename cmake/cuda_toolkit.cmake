@@ -38,6 +38,15 @@ else()
   endif()
 endif()
 
+# The GPUs the plugin's own kernels (model/cuda/*.cu) are compiled for. Without a list LibTorch's
+# config asks the GPU of the building machine, and without one falls back to a list that starts
+# at Maxwell (5.0), which CUDA 13's nvcc refuses. CUDA 13 runs Turing (7.5) and later: one cubin
+# for each generation, and PTX for the newest so that later GPUs compile it at load time.
+if(NANOGPT_CUDA_TOOLKIT AND NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX" CACHE STRING
+      "GPU architectures of the CUDA plugin's kernels (LibTorch's variable; set it to build for fewer)")
+endif()
+
 if(NOT NANOGPT_CUDA_TOOLKIT AND NOT TARGET torch::cudart)
   add_library(torch::cudart INTERFACE IMPORTED)  # see above: Caffe2's cuda.cmake then returns at once
 endif()

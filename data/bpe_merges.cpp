@@ -8,11 +8,12 @@
 #include <stdexcept>
 
 namespace nanogpt::data {
-namespace {
 
-[[noreturn]] void refuse(const std::string& what) {
+void refuse_tokenizer(const std::string& what) {
   throw std::runtime_error("[data] tokenizer.json: " + what + " (a tokenizer this program does not read)");
 }
+
+namespace {
 
 bool is_null_or_false(const nlohmann::json& j, const char* key) {
   return !j.contains(key) || j[key].is_null() || (j[key].is_boolean() && !j[key].get<bool>());
@@ -22,21 +23,21 @@ bool is_null_or_false(const nlohmann::json& j, const char* key) {
 
 BpeMerges::BpeMerges(const nlohmann::json& model) {
   if (model.value("type", std::string()) != "BPE")
-    refuse("the model is '" + model.value("type", std::string("none")) + "', not BPE");
+    refuse_tokenizer("the model is '" + model.value("type", std::string("none")) + "', not BPE");
   if (!model.contains("dropout") || !model["dropout"].is_null()) {
     if (model.contains("dropout") && !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
-      refuse("BPE dropout is set");
+      refuse_tokenizer("BPE dropout is set");
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && !model[key].is_null() && !model[key].get<std::string>().empty())
-      refuse(std::string("the BPE model's ") + key + " is set");
+      refuse_tokenizer(std::string("the BPE model's ") + key + " is set");
   byte_fallback_ = !is_null_or_false(model, "byte_fallback");
   fuse_unk_ = !is_null_or_false(model, "fuse_unk");
   ignore_merges_ = !is_null_or_false(model, "ignore_merges");
-  if (!model.contains("vocab") || !model["vocab"].is_object()) refuse("the BPE model has no vocab object");
+  if (!model.contains("vocab") || !model["vocab"].is_object()) refuse_tokenizer("the BPE model has no vocab object");
   for (const auto& [piece, id] : model["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 31))
-      refuse("the vocabulary's id of '" + piece + "' is not an id");
+      refuse_tokenizer("the vocabulary's id of '" + piece + "' is not an id");
     const int64_t i = id.get<int64_t>();
     if (i >= static_cast<int64_t>(pieces_.size())) {
       pieces_.resize(i + 1);
@@ -52,7 +53,7 @@ BpeMerges::BpeMerges(const nlohmann::json& model) {
   }
   if (model.contains("unk_token") && model["unk_token"].is_string()) {
     auto it = ids_.find(model["unk_token"].get<std::string>());
-    if (it == ids_.end()) refuse("the unknown token '" + model["unk_token"].get<std::string>() + "' is not in the vocabulary");
+    if (it == ids_.end()) refuse_tokenizer("the unknown token '" + model["unk_token"].get<std::string>() + "' is not in the vocabulary");
     unk_id_ = it->second;
   }
   const auto& merges = model.contains("merges") ? model["merges"] : nlohmann::json::array();
@@ -62,18 +63,18 @@ BpeMerges::BpeMerges(const nlohmann::json& model) {
     if (merge.is_string()) {  // "left right" (older files)
       const auto text = merge.get<std::string>();
       const auto space = text.find(' ');
-      if (space == std::string::npos) refuse("the merge '" + text + "' is not two pieces");
+      if (space == std::string::npos) refuse_tokenizer("the merge '" + text + "' is not two pieces");
       left = text.substr(0, space);
       right = text.substr(space + 1);
     } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
       left = merge[0].get<std::string>();
       right = merge[1].get<std::string>();
     } else {
-      refuse(fmt::format("merge {} is neither \"a b\" nor [\"a\", \"b\"]", rank));
+      refuse_tokenizer(fmt::format("merge {} is neither \"a b\" nor [\"a\", \"b\"]", rank));
     }
     const auto l = ids_.find(left), r = ids_.find(right), m = ids_.find(left + right);
     if (l == ids_.end() || r == ids_.end() || m == ids_.end())
-      refuse("the merge '" + left + "' + '" + right + "' has a piece missing from the vocabulary");
+      refuse_tokenizer("the merge '" + left + "' + '" + right + "' has a piece missing from the vocabulary");
     merges_.emplace(pair_key(l->second, r->second), Merge{rank, static_cast<int32_t>(m->second)});  // the first wins
     ++rank;
   }

@@ -50,4 +50,7 @@ class BpeMerges {
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
 };
 
+/// Throws "[data] tokenizer.json: <what> (a tokenizer this program does not read)".
+[[noreturn]] void refuse_tokenizer(const std::string& what);
+
 }  // namespace nanogpt::data

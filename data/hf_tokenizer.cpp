@@ -22,10 +22,6 @@ using Json = nlohmann::json;
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-[[noreturn]] void refuse(const std::string& what) {
-  throw std::runtime_error("[data] tokenizer.json: " + what + " (a tokenizer this program does not read)");
-}
-
 std::string type_of(const Json& j) { return j.is_object() ? j.value("type", std::string("?")) : std::string("?"); }
 
 // A step and, when it is a Sequence, the steps inside it, flattened.
@@ -67,7 +63,7 @@ std::string replace_all(std::string text, const std::string& from, const std::st
 
 std::string string_pattern(const Json& pattern, const char* where) {
   if (pattern.is_object() && pattern.contains("String")) return pattern["String"].get<std::string>();
-  refuse(std::string(where) + " with a regex pattern");
+  refuse_tokenizer(std::string(where) + " with a regex pattern");
 }
 
 struct Normalize {
@@ -147,7 +143,7 @@ void HfTokenizer::Impl::read_normalizer(const Json& j) {
     else if (type == "Replace")
       normalizers.push_back({Normalize::replace, string_pattern(step.at("pattern"), "a Replace normalizer"),
                              step.at("content").get<std::string>()});
-    else refuse("the normalizer '" + type + "'");
+    else refuse_tokenizer("the normalizer '" + type + "'");
   }
 }
 
@@ -161,9 +157,9 @@ void HfTokenizer::Impl::read_pre_tokenizer(const Json& j) {
       if (step.value("use_regex", true)) p.regex = std::make_shared<RegexSplit>(kGpt2Pattern);
     } else if (type == "Split") {
       p.kind = PreTokenize::split;
-      if (step.value("invert", false)) refuse("an inverted Split pre-tokenizer");
+      if (step.value("invert", false)) refuse_tokenizer("an inverted Split pre-tokenizer");
       const auto behavior = step.value("behavior", std::string());
-      if (behavior != "Isolated" && behavior != "Removed") refuse("a Split pre-tokenizer with behavior '" + behavior + "'");
+      if (behavior != "Isolated" && behavior != "Removed") refuse_tokenizer("a Split pre-tokenizer with behavior '" + behavior + "'");
       p.removed = behavior == "Removed";
       const auto& pattern = step.at("pattern");
       if (pattern.contains("Regex")) p.regex = std::make_shared<RegexSplit>(pattern["Regex"].get<std::string>());
@@ -174,7 +170,7 @@ void HfTokenizer::Impl::read_pre_tokenizer(const Json& j) {
       p.prepend_scheme = step.value("prepend_scheme", step.value("add_prefix_space", true) ? "always" : "never");
       p.split_words = step.value("split", true);
     } else {
-      refuse("the pre-tokenizer '" + type + "'");
+      refuse_tokenizer("the pre-tokenizer '" + type + "'");
     }
     pre_tokenizers.push_back(std::move(p));
   }
@@ -202,7 +198,7 @@ void HfTokenizer::Impl::read_decoder(const Json& j) {
       d.a = step.value("replacement", std::string("\u2581"));
       d.prepend = step.value("prepend_scheme", step.value("add_prefix_space", true) ? "always" : "never") != "never";
     } else {
-      refuse("the decoder '" + type + "'");
+      refuse_tokenizer("the decoder '" + type + "'");
     }
     decoders.push_back(std::move(d));
   }
@@ -212,7 +208,7 @@ void HfTokenizer::Impl::read_post_processor(const Json& j) {
   for (const auto& step : flatten(j, "processors")) {
     const auto type = type_of(step);
     if (type == "ByteLevel") continue;  // it only trims offsets
-    if (type != "TemplateProcessing") refuse("the post-processor '" + type + "'");
+    if (type != "TemplateProcessing") refuse_tokenizer("the post-processor '" + type + "'");
     bool after = false;
     for (const auto& item : step.at("single")) {
       if (item.contains("Sequence")) {
@@ -221,7 +217,7 @@ void HfTokenizer::Impl::read_post_processor(const Json& j) {
       }
       const auto name = item.at("SpecialToken").at("id").get<std::string>();
       const auto& special = step.at("special_tokens");
-      if (!special.contains(name)) refuse("the post-processor's token '" + name + "' has no ids");
+      if (!special.contains(name)) refuse_tokenizer("the post-processor's token '" + name + "' has no ids");
       for (const auto& id : special[name].at("ids")) (after ? suffix : prefix).push_back(id.get<int64_t>());
     }
   }
@@ -415,7 +411,7 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::load(std::string json_text) {
   std::shared_ptr<HfTokenizer> tokenizer(new HfTokenizer());
   Impl& impl = *tokenizer->impl_;
   try {
-    if (!j.is_object() || !j.contains("model")) refuse("no model");
+    if (!j.is_object() || !j.contains("model")) refuse_tokenizer("no model");
     impl.model = std::make_unique<BpeMerges>(j["model"]);
     impl.read_normalizer(j.value("normalizer", Json()));
     impl.read_pre_tokenizer(j.value("pre_tokenizer", Json()));
@@ -423,10 +419,10 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::load(std::string json_text) {
     impl.read_post_processor(j.value("post_processor", Json()));
     impl.size = impl.model->size();
     for (const auto& a : j.value("added_tokens", Json::array())) {
-      if (a.value("single_word", false)) refuse("the added token '" + a.value("content", std::string()) + "' is single_word");
+      if (a.value("single_word", false)) refuse_tokenizer("the added token '" + a.value("content", std::string()) + "' is single_word");
       Added added{a.at("id").get<int64_t>(), a.at("content").get<std::string>(), a.value("lstrip", false),
                   a.value("rstrip", false), a.value("special", false)};
-      if (added.content.empty()) refuse("an added token is empty");
+      if (added.content.empty()) refuse_tokenizer("an added token is empty");
       impl.size = std::max(impl.size, added.id + 1);
       impl.added.push_back(std::move(added));
     }

@@ -56,7 +56,6 @@ constexpr size_t kMetaFixedBytes = 8 + 4 + 11 * 8;
 constexpr uint64_t kMaxBpeTrainingBytes = 32 << 20;
 // Lines longer than this many characters are cut (for training and encoding), so memory stays bounded.
 constexpr size_t kMaxLineChars = 4096;
-constexpr char32_t kMaxCodePoint = 0x10FFFF;
 
 std::string join(const std::string& dir, const char* name) { return (fs::path(dir) / name).string(); }
 

@@ -19,7 +19,7 @@
 namespace nanogpt::data {
 namespace {
 
-constexpr char kMagic[8] = {'N', 'G', 'P', 'T', 'T', 'O', 'K', '\0'};
+constexpr char kTokenFileMagic[8] = {'N', 'G', 'P', 'T', 'T', 'O', 'K', '\0'};
 constexpr char kHint[] = "re-run `nanogpt prepare` to rebuild it";
 constexpr size_t kBufferBytes = 1 << 20;
 
@@ -93,7 +93,7 @@ TokenFileWriter::TokenFileWriter(const std::string& path, uint64_t count, int64_
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno));
   unsigned char header[kTokenFileHeaderBytes];
-  std::memcpy(header, kMagic, sizeof(kMagic));
+  std::memcpy(header, kTokenFileMagic, sizeof(kTokenFileMagic));
   io::put_le(header + 8, kTokenFileVersion, 4);
   io::put_le(header + 12, static_cast<uint64_t>(width_), 4);
   io::put_le(header + 16, count, 8);
@@ -188,7 +188,7 @@ torch::Tensor map_token_file(const std::string& path, const TokenFileCheck& chec
                                kTokenFileHeaderBytes));
   }
   const unsigned char* p = file->data();
-  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) bad_file(path, "not a token file (wrong magic number)");
+  if (std::memcmp(p, kTokenFileMagic, sizeof(kTokenFileMagic)) != 0) bad_file(path, "not a token file (wrong magic number)");
   const uint64_t version = io::get_le(p + 8, 4);
   if (version != kTokenFileVersion) {
     bad_file(path, fmt::format("unsupported token file version {} (this build reads version {})", version,

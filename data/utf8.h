@@ -12,6 +12,9 @@ namespace nanogpt::data {
 /// Throws std::runtime_error "[data] invalid UTF-8 at byte offset N: ..." naming the first bad byte.
 std::u32string decode_utf8(std::string_view bytes);
 
+/// The largest Unicode code point.
+constexpr char32_t kMaxCodePoint = 0x10FFFF;
+
 /// One step of strict decoding (see decode_utf8_step).
 struct Utf8Step {
   char32_t cp;      // the code point, when length > 0

@@ -19,12 +19,11 @@
 namespace nanogpt::data {
 namespace {
 
-constexpr std::string_view kMagic = "nanogpt-vocab/";
+constexpr std::string_view kVocabMagic = "nanogpt-vocab/";
 constexpr int kVersion = 1;     // char
 constexpr int kBpeVersion = 2;  // bpe
 constexpr int kHfVersion = 3;   // hf
 constexpr std::string_view kBase64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-constexpr char32_t kMaxCodePoint = 0x10FFFF;
 
 [[noreturn]] void corrupt(const std::string& what) {
   throw std::runtime_error("[data] corrupt vocabulary: " + what +
@@ -129,19 +128,19 @@ Vocab Vocab::from_chars(std::u32string_view chars) {
 }
 
 std::string Vocab::serialize() const {
-  if (hf_) return fmt::format("{}{} hf {}\n", kMagic, kHfVersion, hf_->json().size()) + hf_->json();
+  if (hf_) return fmt::format("{}{} hf {}\n", kVocabMagic, kHfVersion, hf_->json().size()) + hf_->json();
   if (bpe_) {
     const std::string model = base64_encode(bpe_->proto());
-    return fmt::format("{}{} bpe {} {}\n", kMagic, kBpeVersion, requested_vocab_size_, model.size()) + model;
+    return fmt::format("{}{} bpe {} {}\n", kVocabMagic, kBpeVersion, requested_vocab_size_, model.size()) + model;
   }
-  std::string out = fmt::format("{}{} {}\n", kMagic, kVersion, chars_.size());
+  std::string out = fmt::format("{}{} {}\n", kVocabMagic, kVersion, chars_.size());
   out += encode_utf8(chars_);
   return out;
 }
 
 Vocab Vocab::deserialize(std::string_view blob) {
-  if (blob.substr(0, kMagic.size()) != kMagic) corrupt("missing the '" + std::string(kMagic) + "' prefix");
-  size_t pos = kMagic.size();
+  if (blob.substr(0, kVocabMagic.size()) != kVocabMagic) corrupt("missing the '" + std::string(kVocabMagic) + "' prefix");
+  size_t pos = kVocabMagic.size();
   uint64_t version = 0, count = 0;
   if (!parse_number(blob, pos, version)) corrupt("no version number after the prefix");
   if (version != kVersion && version != kBpeVersion && version != kHfVersion) {

@@ -30,18 +30,12 @@ namespace nanogpt::interop {
 namespace {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::json;
-
-std::runtime_error import_error(const std::string& what) { return std::runtime_error(io::printable("[import] " + what)); }
+using Json = nlohmann::ordered_json;
 
 Json read_json(const std::string& path) {
   const Json j = Json::parse(io::read_file(path, "import"), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw import_error("'" + path + "' is not a JSON object");
   return j;
-}
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 // The model's tensors by name, over model.safetensors or the shards its index names.

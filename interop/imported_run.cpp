@@ -6,8 +6,15 @@
 
 #include "data/batch_sampler.h"
 #include "io/atomic_file.h"
+#include "io/text.h"
 
 namespace nanogpt::interop {
+
+std::runtime_error import_error(const std::string& what) { return std::runtime_error(io::printable("[import] " + what)); }
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
 
 void fresh_generators(train::CheckpointMeta& meta, uint64_t seed) {
   meta.sampler_state = data::BatchSampler(torch::zeros({2}, torch::kInt32), 1, 1, seed).state();

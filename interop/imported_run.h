@@ -6,12 +6,21 @@
 #include <cstdint>
 #include <string>
 
+#include <stdexcept>
+#include <string>
+
 #include "io/atomic_dir.h"
 #include "model/gpt.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 
 namespace nanogpt::interop {
+
+/// "[import] <what>" as an error, control characters escaped.
+std::runtime_error import_error(const std::string& what);
+
+/// Whether `s` ends with `tail`.
+bool ends_with(const std::string& s, const std::string& tail);
 
 /// Sets meta's batch sampler and CPU generator states to those a new run seeded with `seed` starts from.
 void fresh_generators(train::CheckpointMeta& meta, uint64_t seed);

@@ -38,7 +38,6 @@ namespace fs = std::filesystem;
 constexpr const char* kNeutralFile = "nanogpt-bridge.safetensors";
 constexpr const char* kNeutralFormat = "nanogpt-bridge";  // the "format" metadata both sides check
 
-std::runtime_error import_error(const std::string& what) { return std::runtime_error(io::printable("[import] " + what)); }
 std::runtime_error export_error(const std::string& what) { return std::runtime_error(io::printable("[export] " + what)); }
 
 // Runs scripts/nanogpt_bridge.py; its failure line ("[import] ...") becomes the error.

@@ -1,5 +1,6 @@
 // nanoGPT's dicts against ours (see nanogpt_config.h).
 #include "interop/nanogpt_config.h"
+#include "interop/imported_run.h"
 
 #include <fmt/format.h>
 
@@ -16,8 +17,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 using train::TrainConfig;
-
-std::runtime_error import_error(const std::string& what) { return std::runtime_error(io::printable("[import] " + what)); }
 
 // TrainConfig's fields that nanoGPT's train.py has under the same name (its checkpoint's config dict).
 const std::pair<const char*, int64_t TrainConfig::*> kIntKeys[] = {

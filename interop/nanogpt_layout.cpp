@@ -1,5 +1,6 @@
 // The nanoGPT layout mapping (see nanogpt_layout.h).
 #include "interop/nanogpt_layout.h"
+#include "interop/imported_run.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,12 +17,6 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr const char* kTorchCompilePrefix = "_orig_mod.";  // torch.compile's wrapper, in nanoGPT's state_dict keys
-
-std::runtime_error import_error(const std::string& what) { return std::runtime_error(io::printable("[import] " + what)); }
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 std::string shape_str(torch::IntArrayRef shape) {
   std::ostringstream o;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "model/fast/rope.h"
+#include "runtime/cuda_plugin.h"
 
 namespace nanogpt::model {
 
@@ -61,23 +62,46 @@ struct RopeRotation : public torch::autograd::Function<RopeRotation> {
 
 }  // namespace
 
-torch::Tensor Rope::apply(const torch::Tensor& x, int64_t start_pos) {
-  const int64_t T = x.size(1);
-  cover(start_pos + T);
-  if (rope_rotate_applies(x)) return rope_rotate_split(x, cos2_, sin2_, start_pos, x.size(2)).first.transpose(1, 2);
-  if (!cos2_cast_.defined() || cos2_cast_.scalar_type() != x.scalar_type() || cos2_cast_.device() != x.device()) {
-    cos2_cast_ = cos2_.to(x.device(), x.scalar_type());
-    sin2_cast_ = sin2_.to(x.device(), x.scalar_type());
+std::pair<torch::Tensor, torch::Tensor> Rope::tables(int64_t n_positions, torch::Device device,
+                                                   torch::ScalarType dtype) {
+  cover(n_positions);
+  if (!cos2_cast_.defined() || cos2_cast_.scalar_type() != dtype || cos2_cast_.device() != device) {
+    cos2_cast_ = cos2_.to(device, dtype);
+    sin2_cast_ = sin2_.to(device, dtype);
   }
-  auto cos = cos2_cast_.narrow(0, start_pos, T);  // (T, 1, hs)
-  auto sin = sin2_cast_.narrow(0, start_pos, T);
+  return {cos2_cast_, sin2_cast_};
+}
+
+torch::Tensor Rope::apply_reference(const torch::Tensor& x, int64_t start_pos) {
+  const int64_t T = x.size(1);
+  auto [cos2, sin2] = tables(start_pos + T, x.device(), x.scalar_type());
+  auto cos = cos2.narrow(0, start_pos, T);  // (T, 1, hs)
+  auto sin = sin2.narrow(0, start_pos, T);
   return RopeRotation::apply(x, cos, sin);  // (B, T, H, hs)
 }
 
+std::optional<std::pair<torch::Tensor, torch::Tensor>> Rope::fused_split(const torch::Tensor& x, int64_t start_pos,
+                                                                         int64_t n_first) {
+  const int64_t end = start_pos + x.size(1);
+  cover(end);
+  if (rope_rotate_applies(x)) return rope_rotate_split(x, cos2_, sin2_, start_pos, n_first);  // (fast/rope.h)
+  // On a GPU the plugin's kernel, when a GPU run loaded it (runtime::resolve_device does).
+  const runtime::CudaPlugin* plugin = x.is_cuda() ? runtime::cuda_plugin() : nullptr;
+  if (!plugin || !plugin->rope_rotate_split) return std::nullopt;
+  auto [cos2, sin2] = tables(end, x.device(), torch::kFloat);
+  auto parts = plugin->rope_rotate_split(x, cos2, sin2, start_pos, n_first);
+  if (!parts.first.defined()) return std::nullopt;  // a dtype it has no kernel for
+  return parts;
+}
+
+torch::Tensor Rope::apply(const torch::Tensor& x, int64_t start_pos) {
+  if (auto fused = fused_split(x, start_pos, x.size(2))) return fused->first.transpose(1, 2);  // (B, T, H, hs)
+  return apply_reference(x, start_pos);
+}
+
 std::pair<torch::Tensor, torch::Tensor> Rope::apply_split(const torch::Tensor& x, int64_t start_pos, int64_t n_first) {
-  cover(start_pos + x.size(1));
-  if (rope_rotate_applies(x)) return rope_rotate_split(x, cos2_, sin2_, start_pos, n_first);  // one pass (fast/rope.h)
-  auto parts = apply(x, start_pos).split_with_sizes({n_first, x.size(2) - n_first}, 2);
+  if (auto fused = fused_split(x, start_pos, n_first)) return *std::move(fused);
+  auto parts = apply_reference(x, start_pos).split_with_sizes({n_first, x.size(2) - n_first}, 2);
   return {parts[0].transpose(1, 2), parts[1].transpose(1, 2)};
 }
 

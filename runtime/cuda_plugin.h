@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nanogpt::model {
@@ -66,6 +67,13 @@ struct CudaPlugin {
   /// An empty set of decode-step graphs, one per batch-size bucket in one memory pool, for
   /// model::StaticDecoder::capture.
   std::unique_ptr<model::StepGraphs> (*decode_graphs)();
+  // the model on a GPU (model/cuda/rope_kernel.h)
+  /// RoPE's rotation, one kernel forward and one backward, for model::Rope on a CUDA tensor: x
+  /// (B, T, H, hs) rotated at positions start .. start + T - 1 by Rope's fp32 tables (cos2, sin2) on
+  /// x's device, returned as heads [0, n_first) (B, n_first, T, hs) and the rest, contiguous;
+  /// differentiable w.r.t. x. Undefined tensors for an x it does not take (another dtype).
+  std::pair<at::Tensor, at::Tensor> (*rope_rotate_split)(const at::Tensor& x, const at::Tensor& cos2,
+                                                         const at::Tensor& sin2, int64_t start, int64_t n_first);
 };
 
 /// Loads the plugin (and so libtorch_cuda.so) when `device_name` may use a GPU: "cuda", "cuda:N",

@@ -36,7 +36,7 @@ export OMP_NUM_THREADS=$threads
 rounds=${ROUNDS:-1}
 read -r -a compile_modes <<<"${NANOGPT_COMPILE:-False True}"
 read -r -a configs_shakespeare <<<"${SHAKESPEARE_CONFIGS:-configs/shakespeare_char_cpu.yaml configs/shakespeare_char_speedrun_cpu.yaml}"
-read -r -a configs_tang <<<"${TANG_CONFIGS:-configs/tang_poems_cpu.yaml configs/tang_poems_modern_cpu.yaml}"
+read -r -a configs_tang <<<"${TANG_CONFIGS:-configs/tang_poems_cpu.yaml configs/tang_poems_speedrun_cpu.yaml}"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

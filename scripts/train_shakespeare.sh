@@ -7,7 +7,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z ${NANOGPT_BIN:-} ]]; then
   scripts/setup.sh
-  if [[ -f build/CMakeCache.txt ]]; then scripts/build.sh; else scripts/build.sh -DNANOGPT_BUILD_TESTS=OFF; fi
+  if [[ -f build/CMakeCache.txt ]]; then
+    scripts/build.sh
+  elif [[ -e /dev/nvidiactl ]] || nvidia-smi -L >/dev/null 2>&1; then
+    scripts/build.sh -DNANOGPT_BUILD_TESTS=OFF
+  else
+    # The CUDA plugin only runs on a GPU: on a machine without one, building it would be minutes of
+    # compiling for nothing.
+    echo "[train_shakespeare] no NVIDIA GPU here: building for the CPU (scripts/build.sh -DNANOGPT_CUDA=ON adds the CUDA plugin)"
+    scripts/build.sh -DNANOGPT_BUILD_TESTS=OFF -DNANOGPT_CUDA=OFF
+  fi
 fi
 source scripts/env.sh
 nanogpt_program

@@ -1,7 +1,9 @@
 // On a CUDA GPU: device choice, the fused attention against the math path, bf16 and float16
-// (loss-scaled) training, exact checkpoints of the scaler, the out-of-memory message, and steps as
-// CUDA graphs (against eager steps, under sync debug mode, resumed) with the profile of a step. Every
-// test skips with the reason on a machine without a GPU (scripts/gpu_check.sh runs them on one).
+// (loss-scaled) training, exact checkpoints of the scaler, the out-of-memory message, steps as
+// CUDA graphs (against eager steps, under sync debug mode, resumed) with the profile of a step, and
+// RoPE's kernel against the lesson's three kernels. Every test skips with the reason on a machine
+// without a GPU (scripts/gpu_check.sh runs them on one), except CudaRope.*OnTheCpu: the plugin
+// loads without a GPU, and its RoPE entry runs the kernel's arithmetic on CPU tensors.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,13 +11,18 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "data/batch_sampler.h"
 #include "model/fast/dropout.h"
 #include "model/generate.h"
+#include "model/positions.h"
 #include "model/static_decoder.h"
 #include "runtime/cuda_plugin.h"
 #include "runtime/device.h"
@@ -537,4 +544,124 @@ TEST(CudaSampling, GraphedDrawsFollowTheSeedAndTheFilters) {
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   EXPECT_NE(a[0], a[1]);
+}
+
+namespace {
+
+// Rotates x (B, T, H, hs) at positions start.. as heads [0, n_first) and the rest: a fused RoPE.
+using RopeSplit = std::function<std::pair<torch::Tensor, torch::Tensor>(model::Rope& rope, const torch::Tensor& x,
+                                                                        int64_t start, int64_t n_first)>;
+
+// `fused` against the lesson's three kernels (Rope::apply_reference) on `device` in `dtype`, the
+// rotated queries and keys and the gradient of a loss through them: with as many keys as queries
+// and with grouped-query keys, at positions within the tables (block_size 16) and past them (they
+// grow), x a slice of a wider QKV product (its rows packed, the tensor not contiguous), and with the
+// keys' gradient missing (their rows of dx zero). fp32 agrees within 1e-6 (and 1e-6 of |y|); bf16
+// and fp16 within their tolerance of the three kernels in that dtype (tables and products rounded to
+// it), and within half a unit in the last place of the fp32 reference: the kernel rounds once.
+void expect_rope_matches_reference(torch::Device device, torch::ScalarType dtype, const RopeSplit& fused) {
+  struct Case {
+    int64_t n_head, n_kv_head, hs, start, T;
+  };
+  const double tolerance = dtype == torch::kFloat ? 1e-6 : dtype == torch::kBFloat16 ? 3e-2 : 5e-3;
+  const double half_ulp = dtype == torch::kBFloat16 ? 1.0 / 256 : dtype == torch::kHalf ? 1.0 / 2048 : 0.0;
+  for (const Case c : {Case{4, 4, 8, 0, 12}, Case{4, 2, 8, 3, 13}, Case{4, 2, 8, 14, 9}, Case{12, 4, 64, 5, 20}}) {
+    const int64_t B = 2, H = c.n_head + c.n_kv_head;
+    torch::manual_seed(7);
+    const auto opts = torch::TensorOptions().device(device).dtype(dtype);
+    const auto qkv = torch::randn({B, c.T, (H + c.n_kv_head) * c.hs}, opts);  // q, k, v side by side
+    const auto dq = torch::randn({B, c.n_head, c.T, c.hs}, opts), dk = torch::randn({B, c.n_kv_head, c.T, c.hs}, opts);
+    for (bool key_gradient : {true, false}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " on " + device.str() + ": heads " + std::to_string(c.n_head) +
+                   "+" + std::to_string(c.n_kv_head) + ", hs " + std::to_string(c.hs) + ", positions " +
+                   std::to_string(c.start) + ".." + std::to_string(c.start + c.T - 1) +
+                   (key_gradient ? "" : ", no gradient for the keys"));
+      // q (B, nh, T, hs), k (B, nkv, T, hs), and the gradient of qkv, with `split` in dtype `as`.
+      auto run = [&](const RopeSplit& split, model::Rope& rope, torch::ScalarType as) {
+        auto leaf = qkv.to(as).detach().requires_grad_(true);  // (B, T, (H + nkv) hs)
+        auto x = leaf.narrow(2, 0, H * c.hs).view({B, c.T, H, c.hs});  // (B, T, H, hs)
+        auto [q, k] = split(rope, x, c.start, c.n_head);
+        auto grads = key_gradient ? torch::autograd::grad({q, k}, {leaf}, {dq.to(as), dk.to(as)})
+                                  : torch::autograd::grad({q}, {leaf}, {dq.to(as)});
+        return std::vector<torch::Tensor>{q.detach().to(torch::kFloat), k.detach().to(torch::kFloat),
+                                          grads[0].to(torch::kFloat)};
+      };
+      const RopeSplit reference = [](model::Rope& rope, const torch::Tensor& x, int64_t start, int64_t n_first) {
+        auto parts = rope.apply_reference(x, start).split_with_sizes({n_first, x.size(2) - n_first}, 2);
+        return std::make_pair(parts[0].transpose(1, 2), parts[1].transpose(1, 2));
+      };
+      model::Rope rope(16, c.hs, 10000.0), lesson(16, c.hs, 10000.0);
+      const auto got = run(fused, rope, dtype), want = run(reference, lesson, dtype);
+      const char* names[] = {"q", "k", "gradient"};
+      for (int i = 0; i < 3; ++i) {
+        ASSERT_EQ(got[i].sizes(), want[i].sizes()) << names[i];
+        EXPECT_TRUE(torch::allclose(got[i], want[i], tolerance, tolerance))
+            << names[i] << ": max |fused - three kernels| " << (got[i] - want[i]).abs().max().item<double>();
+      }
+      if (dtype == torch::kFloat) continue;
+      const auto exact = run(reference, lesson, torch::kFloat);  // the same values, in fp32
+      for (int i = 0; i < 3; ++i)
+        EXPECT_TRUE(((got[i] - exact[i]).abs() <= exact[i].abs() * (half_ulp + 1e-6) + 1e-6).all().item<bool>())
+            << names[i] << " is not the fp32 result rounded once: max |fused - fp32| "
+            << (got[i] - exact[i]).abs().max().item<double>();
+    }
+  }
+}
+
+// The CUDA plugin, loaded for the CPU form of its RoPE entry; null, with the reason, where this
+// build has none.
+const runtime::CudaPlugin* load_plugin(std::string* why) {
+  try {
+    runtime::load_cuda("cuda");
+  } catch (const std::exception& e) {
+    *why = e.what();
+  }
+  if (!runtime::cuda_plugin() && why->empty())
+    *why = "no CUDA plugin in this build (LibTorch without CUDA, or no nvcc when configured)";
+  return runtime::cuda_plugin();
+}
+
+}  // namespace
+
+// The plugin's RoPE entry on CPU tensors runs the kernel's own lines (rope_kernel_math.h) in a host
+// loop, and the same autograd wrapper: all but the launch, checked without a GPU.
+TEST(CudaRope, TheKernelsArithmeticMatchesTheLessonOnTheCpu) {
+  std::string why;
+  const runtime::CudaPlugin* plugin = load_plugin(&why);
+  if (!plugin) GTEST_SKIP() << why;
+  const RopeSplit kernel = [&](model::Rope& rope, const torch::Tensor& x, int64_t start, int64_t n_first) {
+    auto [cos2, sin2] = rope.tables(start + x.size(1), x.device());
+    return plugin->rope_rotate_split(x, cos2, sin2, start, n_first);
+  };
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) expect_rope_matches_reference(torch::kCPU, dtype, kernel);
+
+  model::Rope rope(16, 8, 10000.0);
+  auto [cos2, sin2] = rope.tables(16, torch::kCPU);
+  auto x = torch::randn({1, 4, 2, 8});
+  EXPECT_FALSE(plugin->rope_rotate_split(x.to(torch::kDouble), cos2, sin2, 0, 1).first.defined()) << "fp64: not taken";
+  try {
+    plugin->rope_rotate_split(x, cos2, sin2, 13, 1);  // positions 13..16 of 16
+    FAIL() << "tables too short were taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[model] RoPE kernel: the tables must"), std::string::npos) << e.what();
+  }
+}
+
+// On a GPU, Rope runs the plugin's kernel (its outputs contiguous, where the three kernels' are
+// transposed views) and agrees with the three kernels there.
+TEST(CudaRope, OneKernelMatchesTheThreeKernelsOnTheGpu) {
+  REQUIRE_GPU();
+  runtime::resolve_device("cuda");  // loads the plugin
+  ASSERT_NE(runtime::cuda_plugin(), nullptr);
+  const RopeSplit through_rope = [](model::Rope& rope, const torch::Tensor& x, int64_t start, int64_t n_first) {
+    auto parts = rope.apply_split(x, start, n_first);
+    EXPECT_TRUE(parts.first.is_contiguous() && parts.second.is_contiguous()) << "not the plugin's kernel";
+    return parts;
+  };
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+    expect_rope_matches_reference(torch::kCUDA, dtype, through_rope);
+  // apply: every head in the first part.
+  model::Rope rope(16, 8, 10000.0);
+  auto x = torch::randn({2, 20, 6, 8}, torch::TensorOptions().device(torch::kCUDA));
+  EXPECT_TRUE(torch::allclose(rope.apply(x, 7), rope.apply_reference(x, 7), 1e-6, 1e-6));
 }

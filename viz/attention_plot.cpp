@@ -19,11 +19,9 @@
 namespace nanogpt::viz {
 namespace {
 
-constexpr Rgb kText{30, 30, 30};
-constexpr Rgb kMutedText{90, 90, 90};
 constexpr Rgb kFrame{190, 190, 190};
 constexpr int kMargin = 16;       // around the figure
-constexpr int kPanelGap = 28;     // between panels
+constexpr int kHeatmapGap = 28;     // between panels
 constexpr int kBarWidth = 20;     // colour bar
 constexpr int kMinLabelCell = 9;  // smallest cell (pixels) that gets a token label
 
@@ -183,8 +181,8 @@ Figure draw_attention(const std::vector<AttentionPanel>& panels, const std::vect
   const TextStyle panel_title_style{side >= 100 ? 14.0 : 11.0, kText};
   const int panel_title_h = static_cast<int>(std::ceil(measure_text("layer 0", panel_title_style).height)) + 6;
   const int title_w = static_cast<int>(std::ceil(measure_text("layer 00 head 00", panel_title_style).width));
-  const int block_w = left_w + std::max(side, title_w) + kPanelGap;
-  const int block_h = panel_title_h + side + below_h + kPanelGap;
+  const int block_w = left_w + std::max(side, title_w) + kHeatmapGap;
+  const int block_h = panel_title_h + side + below_h + kHeatmapGap;
 
   // Figure header and colour bar geometry.
   const std::string subtitle = "rows: queries, columns: keys, blank: future keys (masked)";

@@ -21,6 +21,10 @@ namespace nanogpt::viz {
 /// CJK); fontconfig substitutes an installed font for any the machine lacks.
 constexpr const char* kFontFamilies = "DejaVu Sans, WenQuanYi Zen Hei, Noto Sans CJK SC, Sans";
 
+/// The figures' text: labels and titles, and the quieter tick labels and notes.
+constexpr Rgb kText{30, 30, 30};
+constexpr Rgb kMutedText{90, 90, 90};
+
 struct TextStyle {
   double size = 14;  // em size in pixels
   Rgb color = kBlack;

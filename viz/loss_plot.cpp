@@ -19,8 +19,6 @@
 namespace nanogpt::viz {
 namespace {
 
-constexpr Rgb kText{30, 30, 30};
-constexpr Rgb kMutedText{90, 90, 90};
 constexpr Rgb kAxis{70, 70, 70};
 constexpr Rgb kGrid{228, 228, 228};
 constexpr Rgb kTrainRaw{170, 199, 232};
@@ -32,7 +30,7 @@ constexpr Rgb kSpeedRaw{222, 200, 180};
 constexpr Rgb kSpeed{140, 86, 75};
 
 constexpr int kLeft = 84, kRight = 24, kTop = 68, kBottom = 60;  // figure margins around the panels
-constexpr int kPanelGap = 24;                                     // between stacked panels
+constexpr int kStackGap = 24;                                     // between stacked panels
 const TextStyle kTickStyle{13, kText};
 const TextStyle kAxisTitleStyle{14, kText};
 
@@ -261,10 +259,10 @@ Figure draw_loss_curves(const io::Metrics& metrics) {
   const double px0 = kLeft, px1 = kLossPlotWidth - kRight;
   double py0 = kTop;
   for (size_t i = 0; i < panels.size(); ++i) {
-    const double h = i == 0 ? kLossPanelHeight - kTop - kBottom : kExtraPanelHeight - kPanelGap;
+    const double h = i == 0 ? kLossPanelHeight - kTop - kBottom : kExtraPanelHeight - kStackGap;
     const bool last = i + 1 == panels.size();
     draw_panel(fig, panels[i], px0, py0, px1, py0 + h, x_lo, x_hi, last);
-    py0 += h + kPanelGap;
+    py0 += h + kStackGap;
   }
   fig.text((px0 + px1) / 2, fig.height() - 18, "iteration", kAxisTitleStyle, Anchor::Middle);
   return fig;

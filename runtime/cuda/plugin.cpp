@@ -3,6 +3,7 @@
 #include "runtime/cuda_plugin.h"
 
 #include "model/cuda/decode_graph.h"
+#include "model/cuda/rope_kernel.h"
 #include "runtime/cuda/training.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -54,7 +55,8 @@ const nanogpt::runtime::CudaPlugin kPlugin{compute_capability_major,
                                            nanogpt::runtime::cuda::capture_graph,
                                            nanogpt::runtime::cuda::profile,
                                            nanogpt::runtime::cuda::set_sync_debug_mode,
-                                           nanogpt::model::cuda::decode_graphs};
+                                           nanogpt::model::cuda::decode_graphs,
+                                           nanogpt::model::cuda::rope_rotate_split};
 
 }  // namespace
 
