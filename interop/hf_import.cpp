@@ -301,6 +301,12 @@ HfImport import_hf(const std::string& dir, const std::string& out_dir, int64_t b
   if (vocab.size() > c.vocab_size)
     throw import_error(fmt::format("tokenizer.json has {} tokens, more than the model's vocab_size {}", vocab.size(),
                                    c.vocab_size));
+  // A padded vocabulary (rows no token maps to) would import, and then every command would refuse
+  // the folder: say so here, once.
+  if (vocab.size() < c.vocab_size)
+    throw import_error(fmt::format("tokenizer.json has {} tokens but the model's vocab_size is {}: a vocabulary padded "
+                                   "with rows no token names is not supported (the tokenizer must name every row)",
+                                   vocab.size(), c.vocab_size));
 
   Weights weights(dir);
   result.tensors = weights.count();

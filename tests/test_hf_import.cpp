@@ -241,6 +241,14 @@ TEST_F(HfImport, AnythingElseIsRefusedInOneLineNamingIt) {
   EXPECT_NE(e.find("lacks the tensor"), std::string::npos) << e;
   EXPECT_NE(e.find("h.2."), std::string::npos) << e;
 
+  // A vocabulary padded past the tokenizer (nanoGPT's 50304 for GPT-2's 50257) is refused at import,
+  // not by every command after it; nothing is written.
+  const std::string padded = variant("padded", [](Json& c) { c["vocab_size"] = c["vocab_size"].get<int64_t>() + 64; });
+  e = error_of([&] { nanogpt::interop::import_hf(padded, *dir_ / "refused_padded"); });
+  EXPECT_NE(e.find("padded"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(*dir_ / "refused_padded"));
+
   Json llama = Json::parse(slurp(*dir_ / "hf/llama/config.json"));
   const std::string llama_dir = *dir_ / "variant_rope";
   fs::create_directories(llama_dir);
