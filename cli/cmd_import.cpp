@@ -24,7 +24,7 @@ void add_hf_import_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("import", "Import a Hugging Face model folder (GPT-2, Llama) with its tokenizer to sample or fine-tune here");
   cmd->add_option("dir", opts->dir, "The model's folder: config.json, model.safetensors (or its sharded index), tokenizer.json")
       ->required();
-  cmd->add_option("--format", opts->format, "hf (a transformers folder, as `huggingface-cli download` writes it)")
+  cmd->add_option("--format", opts->format, "hf (a transformers folder, as `hf download` writes it)")
       ->required()
       ->check(CLI::IsMember({"hf"}));
   cmd->add_option("--out_dir", opts->out_dir, "New (or empty) folder for our checkpoint and config.yaml")->required();

@@ -273,7 +273,7 @@ void load_llama(const model::ModelConfig& c, Weights& w, Filler& fill) {
 HfImport import_hf(const std::string& dir, const std::string& out_dir, int64_t block_size) {
   const std::string config_path = dir + "/config.json";
   if (!fs::is_regular_file(config_path))
-    throw import_error("'" + dir + "' has no config.json (give a folder as `huggingface-cli download` writes it)");
+    throw import_error("'" + dir + "' has no config.json (give a folder as `hf download` writes it)");
   const Json config = read_json(config_path);
   const Fields fields{config, config_path};
   HfImport result;

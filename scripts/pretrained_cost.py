@@ -7,8 +7,8 @@ openai-community/gpt2, less the other frameworks' files: config.json, model.safe
 
 The corpus alone does not hold 50257 pieces (tiny Shakespeare gives 21,528 with <|endoftext|>): the
 vocabulary is filled up to the model's 50257 with pieces no merge makes ("<unused_N>", never produced by
-encoding), so that every id a random model samples decodes (a trained model gives such rows no weight).
---no_fill keeps the trained size.
+encoding), as `nanogpt import` wants as many tokens as the model has rows, and so that every id a random
+model samples decodes. --no_fill keeps the trained size (a folder the import refuses, to check that it does).
 
 usage: pretrained_cost.py CORPUS OUT_DIR [--no_fill]
 """
