@@ -1,5 +1,7 @@
 // A transformers folder -> our checkpoint (see hf_import.h): config.json mapped onto ModelConfig,
-// each of our parameters filled from its tensor(s) in the model files, one at a time.
+// each of our parameters filled from its tensor(s) in the model files, one at a time, and the
+// model written as a checkpoint of weights only. The memory it takes is the model's own (fp32)
+// and one tensor besides: most tensors are read straight into their parameter.
 #include "interop/hf_import.h"
 #include "interop/imported_run.h"
 
@@ -22,7 +24,6 @@
 #include "io/safetensors.h"
 #include "io/text.h"
 #include "model/gpt.h"
-#include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 
@@ -72,13 +73,21 @@ class Weights {
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   int64_t count() const { return static_cast<int64_t>(where_.size()); }
 
-  /// The tensor in fp32; throws naming it when the files lack it.
+  /// The tensor in fp32, for a parameter that takes it transposed or split; throws naming it when
+  /// the files lack it.
   torch::Tensor get(const std::string& name) {
-    auto it = where_.find(name);
-    if (it == where_.end())
-      throw import_error("'" + dir_ + "' lacks the tensor '" + name + "' that config.json's model needs");
-    used_.insert(name);
-    return it->second.first->read(*it->second.second).to(torch::kFloat);
+    const auto& [reader, info] = find(name);
+    return reader->read(*info).to(torch::kFloat);
+  }
+  /// Reads the tensor straight into `dst` (a parameter, or rows of one): no copy in between when
+  /// it is stored in fp32, one of its own size in bf16 or fp16. Throws naming it when the files
+  /// lack it or its shape is not dst's.
+  void read_into(const std::string& name, const torch::Tensor& dst) {
+    const auto& [reader, info] = find(name);
+    if (torch::IntArrayRef(info->shape) != dst.sizes())
+      throw import_error(fmt::format("the tensor '{}' has shape [{}], but config.json's sizes make it [{}]", name,
+                                     fmt::join(info->shape, ", "), fmt::join(dst.sizes(), ", ")));
+    reader->read_into(*info, dst);
   }
   void skip(const std::string& name) { used_.insert(name); }
 
@@ -96,6 +105,14 @@ class Weights {
   std::vector<std::unique_ptr<io::SafeTensorsReader>> readers_;
   std::map<std::string, std::pair<io::SafeTensorsReader*, const io::TensorInfo*>> where_;
   std::set<std::string> used_;
+
+  const std::pair<io::SafeTensorsReader*, const io::TensorInfo*>& find(const std::string& name) {
+    auto it = where_.find(name);
+    if (it == where_.end())
+      throw import_error("'" + dir_ + "' lacks the tensor '" + name + "' that config.json's model needs");
+    used_.insert(name);
+    return it->second;
+  }
 };
 
 // --- config.json -> ModelConfig ------------------------------------------------------------------
@@ -184,23 +201,33 @@ model::ModelConfig llama_config(const Fields& f) {
 
 // --- the tensors ---------------------------------------------------------------------------------
 
+// Our parameters, each filled once from the model files: read straight into it where the tensor
+// is ours as it is stored (most of them, the embeddings among them), else converted and copied.
+// Only the model's own memory is kept, and one tensor at a time besides it.
 class Filler {
  public:
-  explicit Filler(model::GPT& gpt) {
+  Filler(model::GPT& gpt, Weights& weights) : weights_(weights) {
     for (auto& item : gpt->named_parameters()) params_.emplace(item.key(), item.value());
   }
-  /// Copies `value` into our parameter `name`, checking the shape.
+  /// Reads the tensor `source` into our parameter `name`.
+  void take(const std::string& name, const std::string& source) {
+    weights_.read_into(source, param(name, source));
+  }
+  /// Copies `value` (made from `source`: transposed, split) into our parameter `name`, checking the shape.
   void set(const std::string& name, const torch::Tensor& value, const std::string& source) {
+    const torch::Tensor p = param(name, source);
+    if (p.sizes() != value.sizes())
+      throw import_error(fmt::format("the tensor '{}' has shape [{}], but config.json's sizes make it [{}]", source,
+                                     fmt::join(value.sizes(), ", "), fmt::join(p.sizes(), ", ")));
+    p.copy_(value);
+  }
+  /// Our parameter `name`, counted as filled: the caller fills it (rows of it from several tensors).
+  torch::Tensor param(const std::string& name, const std::string& source) {
     auto it = params_.find(name);
     if (it == params_.end()) throw import_error("no parameter '" + name + "' for '" + source + "' (a bug in the mapping)");
-    if (it->second.sizes() != value.sizes())
-      throw import_error(fmt::format("the tensor '{}' has shape [{}], but config.json's sizes make it [{}]", source,
-                                     fmt::join(value.sizes(), ", "), fmt::join(it->second.sizes(), ", ")));
-    torch::NoGradGuard no_grad;
-    it->second.copy_(value);
     filled_.insert(name);
+    return it->second;
   }
-  bool has(const std::string& name) const { return params_.count(name) != 0; }
   std::string first_unfilled() const {
     for (const auto& [name, p] : params_)
       if (!filled_.count(name)) return name;
@@ -208,6 +235,7 @@ class Filler {
   }
 
  private:
+  Weights& weights_;
   std::map<std::string, torch::Tensor> params_;
   std::set<std::string> filled_;
 };
@@ -215,13 +243,13 @@ class Filler {
 void load_gpt2(const model::ModelConfig& c, Weights& w, Filler& fill) {
   const std::string p = w.has("transformer.wte.weight") ? "transformer." : "";  // the hub's files lack the prefix
   const int64_t C = c.n_embd;
-  fill.set("wte.weight", w.get(p + "wte.weight"), p + "wte.weight");
+  fill.take("wte.weight", p + "wte.weight");
   fill.set("wpe.weight", w.get(p + "wpe.weight").narrow(0, 0, c.block_size), p + "wpe.weight");  // block_size may cap it
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string ours = fmt::format("h.{}.", i), theirs = fmt::format("{}h.{}.", p, i);
     for (const char* norm : {"ln_1", "ln_2"})
       for (const char* kind : {".weight", ".bias"})
-        fill.set(ours + norm + kind, w.get(theirs + norm + kind), theirs + norm + kind);
+        fill.take(ours + norm + kind, theirs + norm + kind);
     // Conv1D holds W as (in, out): ours transposed; c_attn's columns are [q k v].
     const auto qkv = w.get(theirs + "attn.c_attn.weight").t().split(C);  // 3 x (C, C)
     const auto qkv_bias = w.get(theirs + "attn.c_attn.bias").split(C);   // 3 x (C)
@@ -233,38 +261,38 @@ void load_gpt2(const model::ModelConfig& c, Weights& w, Filler& fill) {
     for (const char* layer : {"attn.c_proj", "mlp.c_fc", "mlp.c_proj"}) {
       const std::string name = std::string(layer);
       fill.set(ours + name + ".weight", w.get(theirs + name + ".weight").t(), theirs + name + ".weight");
-      fill.set(ours + name + ".bias", w.get(theirs + name + ".bias"), theirs + name + ".bias");
+      fill.take(ours + name + ".bias", theirs + name + ".bias");
     }
   }
-  fill.set("ln_f.weight", w.get(p + "ln_f.weight"), p + "ln_f.weight");
-  fill.set("ln_f.bias", w.get(p + "ln_f.bias"), p + "ln_f.bias");
-  if (!c.tie_embeddings) fill.set("lm_head.weight", w.get("lm_head.weight"), "lm_head.weight");
+  fill.take("ln_f.weight", p + "ln_f.weight");
+  fill.take("ln_f.bias", p + "ln_f.bias");
+  if (!c.tie_embeddings) fill.take("lm_head.weight", "lm_head.weight");
   else if (w.has("lm_head.weight")) w.skip("lm_head.weight");  // a saved copy of the tied wte
 }
 
 void load_llama(const model::ModelConfig& c, Weights& w, Filler& fill) {
-  fill.set("wte.weight", w.get("model.embed_tokens.weight"), "model.embed_tokens.weight");
+  fill.take("wte.weight", "model.embed_tokens.weight");
   const std::vector<std::string> kinds = c.bias ? std::vector<std::string>{".weight", ".bias"} : std::vector<std::string>{".weight"};
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string ours = fmt::format("h.{}.", i), theirs = fmt::format("model.layers.{}.", i);
-    fill.set(ours + "ln_1.weight", w.get(theirs + "input_layernorm.weight"), theirs + "input_layernorm.weight");
-    fill.set(ours + "ln_2.weight", w.get(theirs + "post_attention_layernorm.weight"),
-             theirs + "post_attention_layernorm.weight");
+    fill.take(ours + "ln_1.weight", theirs + "input_layernorm.weight");
+    fill.take(ours + "ln_2.weight", theirs + "post_attention_layernorm.weight");
     // RoPE needs no permutation: transformers' rotate_half pairs x[i] with x[i + hs/2], as ours.
     for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
              {"q_proj", "q_proj"}, {"k_proj", "k_proj"}, {"v_proj", "v_proj"}, {"o_proj", "c_proj"}})
       for (const auto& kind : kinds)
-        fill.set(ours + "attn." + to + kind, w.get(theirs + "self_attn." + from + kind), theirs + "self_attn." + from + kind);
+        fill.take(ours + "attn." + to + kind, theirs + "self_attn." + from + kind);
     for (const auto& kind : kinds) {
       // Our swiglu c_fc computes [gate; up]: silu(gate) * up.
-      fill.set(ours + "mlp.c_fc" + kind,
-               torch::cat({w.get(theirs + "mlp.gate_proj" + kind), w.get(theirs + "mlp.up_proj" + kind)}),
-               theirs + "mlp.gate_proj" + kind);
-      fill.set(ours + "mlp.c_proj" + kind, w.get(theirs + "mlp.down_proj" + kind), theirs + "mlp.down_proj" + kind);
+      const torch::Tensor c_fc = fill.param(ours + "mlp.c_fc" + kind, theirs + "mlp.gate_proj" + kind);
+      const int64_t width = c_fc.size(0) / 2;
+      w.read_into(theirs + "mlp.gate_proj" + kind, c_fc.narrow(0, 0, width));
+      w.read_into(theirs + "mlp.up_proj" + kind, c_fc.narrow(0, width, width));
+      fill.take(ours + "mlp.c_proj" + kind, theirs + "mlp.down_proj" + kind);
     }
   }
-  fill.set("ln_f.weight", w.get("model.norm.weight"), "model.norm.weight");
-  if (!c.tie_embeddings) fill.set("lm_head.weight", w.get("lm_head.weight"), "lm_head.weight");
+  fill.take("ln_f.weight", "model.norm.weight");
+  if (!c.tie_embeddings) fill.take("lm_head.weight", "lm_head.weight");
   else if (w.has("lm_head.weight")) w.skip("lm_head.weight");
 }
 
@@ -310,9 +338,10 @@ HfImport import_hf(const std::string& dir, const std::string& out_dir, int64_t b
 
   Weights weights(dir);
   result.tensors = weights.count();
-  model::GPT gpt(c, /*initialise=*/false);
+  model::GPT gpt(c, /*initialise=*/false);  // memory the filling touches, tensor by tensor
   {
-    Filler fill(gpt);
+    torch::NoGradGuard no_grad;  // the parameters are written in place
+    Filler fill(gpt, weights);
     if (result.architecture == "GPT2LMHeadModel") load_gpt2(c, weights, fill);
     else load_llama(c, weights, fill);
     if (const auto missing = fill.first_unfilled(); !missing.empty())
@@ -332,9 +361,10 @@ HfImport import_hf(const std::string& dir, const std::string& out_dir, int64_t b
   meta.vocab = vocab;
   fresh_generators(meta, static_cast<uint64_t>(train_config.seed));
 
+  // No optimizer state: AdamW's moments would be zeros twice the model's size, in memory and on
+  // disk; `train --init_from=resume` starts them afresh.
   io::StagedDir staged(out_dir, "import");
-  train::FlatAdamW optimizer(*gpt, train::FlatAdamW::Options{});
-  write_checkpoint_folder(staged, gpt, optimizer, meta, "import");
+  write_checkpoint_folder(staged, gpt, /*optimizer=*/nullptr, meta, "import");
   staged.commit();
   result.checkpoint = out_dir + "/" + train::kLastCheckpoint;
   result.config = out_dir + "/config.yaml";

@@ -9,7 +9,10 @@
 //       SwiGLU of intermediate_size ([gate; up] is our c_fc), grouped-query attention, tied or not.
 // Anything else (another architecture, rope scaling, a head_dim apart from hidden / heads, a
 // missing or unexpected tensor, a tokenizer step we do not run) is refused in one line naming it.
-// Tensors are read one at a time (any of F32, BF16, F16) and converted to fp32 into the model.
+// Tensors are read one at a time (any of F32, BF16, F16) and converted to fp32 into the model,
+// most straight into their parameter's memory: importing takes the fp32 model's size and one
+// tensor besides. The folder holds the weights without optimizer state (a resume starts AdamW's
+// moments afresh).
 #pragma once
 
 #include <cstdint>

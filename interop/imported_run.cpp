@@ -21,9 +21,10 @@ void fresh_generators(train::CheckpointMeta& meta, uint64_t seed) {
   meta.torch_rng_state = at::make_generator<at::CPUGeneratorImpl>(seed).get_state();
 }
 
-void write_checkpoint_folder(const io::StagedDir& staged, model::GPT& gpt, const train::FlatAdamW& optimizer,
+void write_checkpoint_folder(const io::StagedDir& staged, model::GPT& gpt, const train::FlatAdamW* optimizer,
                              const train::CheckpointMeta& meta, const char* what) {
-  train::save_checkpoint(staged / train::kLastCheckpoint, gpt, optimizer, meta);
+  if (optimizer) train::save_checkpoint(staged / train::kLastCheckpoint, gpt, *optimizer, meta);
+  else train::save_checkpoint(staged / train::kLastCheckpoint, gpt, meta);
   io::write_bytes_atomically(staged / "config.yaml", meta.config_yaml, what);
 }
 

@@ -4,8 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <stdexcept>
 #include <string>
 
@@ -26,8 +24,10 @@ bool ends_with(const std::string& s, const std::string& tail);
 void fresh_generators(train::CheckpointMeta& meta, uint64_t seed);
 
 /// Writes the checkpoint (train::kLastCheckpoint) and config.yaml (meta.config_yaml) into the staged
-/// folder; its commit() then makes the folder appear whole. `what` tags errors ("import").
-void write_checkpoint_folder(const io::StagedDir& staged, model::GPT& gpt, const train::FlatAdamW& optimizer,
+/// folder; its commit() then makes the folder appear whole. A null `optimizer` writes the weights
+/// only (a model with no optimizer state to carry over: `train --init_from=resume` starts one
+/// afresh). `what` tags errors ("import").
+void write_checkpoint_folder(const io::StagedDir& staged, model::GPT& gpt, const train::FlatAdamW* optimizer,
                              const train::CheckpointMeta& meta, const char* what);
 
 }  // namespace nanogpt::interop

@@ -153,7 +153,7 @@ ImportReport import_nanogpt(const std::string& ckpt_pt, const std::string& meta_
   state.vocab = vocab.vocab;
   fresh_generators(state, static_cast<uint64_t>(config.seed));
   state.eval_done = true;  // nanoGPT saves right after evaluating at iter_num: resume goes on with its step
-  write_checkpoint_folder(staged, gpt, optimizer, state, "import");
+  write_checkpoint_folder(staged, gpt, report.optimizer ? &optimizer : nullptr, state, "import");
   staged.commit();
 
   report.checkpoint = out_dir + "/" + train::kLastCheckpoint;

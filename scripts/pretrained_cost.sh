@@ -16,7 +16,8 @@
 #        iterations, default 3); ACCUM (gradient_accumulation_steps, default 2: the recipe's 32 takes 16 times
 #        as long an iteration); TRAIN_DTYPES (default float32: training in bfloat16 pays on CPUs that multiply
 #        it in hardware, AVX-512 BF16 or AMX; `train` logs the bf16 GEMM peak it measured)
-# Needs ~5 GB of disk in WORK_DIR (each checkpoint of the model, AdamW's moments included, is 1.5 GB) and
+# Needs ~4 GB of disk in WORK_DIR (the import's checkpoint is 0.5 GB, each of the fine-tune's 1.5 GB with
+# AdamW's moments) and
 # Python's transformers and tokenizers (scripts/setup.sh --tests).
 set -euo pipefail
 if [[ $# -gt 1 || ${1:-} == -* ]]; then sed -n 's/^#   \(usage: .*\)/\1/p' "$0" >&2; exit 2; fi

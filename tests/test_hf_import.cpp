@@ -16,6 +16,7 @@
 
 #include "data/vocab.h"
 #include "interop/hf_import.h"
+#include "io/safetensors.h"
 #include "model/generate.h"
 #include "shell.h"
 #include "test_files.h"
@@ -146,6 +147,22 @@ TEST_F(HfImport, ExportedBackToTransformersGivesTheSameLogits) {
   }
 }
 
+// The folder holds the weights, fp32, and no optimizer state: AdamW's zero moments would be twice
+// the model's size. The checkpoint is the parameters' bytes and a small rest (metadata, RNG state).
+TEST_F(HfImport, TheFolderHoldsTheWeightsWithoutOptimizerState) {
+  const std::string checkpoint = import("gpt2") + "/" + nanogpt::train::kLastCheckpoint;
+  EXPECT_FALSE(nanogpt::train::read_checkpoint_meta(checkpoint).optimizer_state);
+  nanogpt::io::SafeTensorsReader reader(checkpoint, "test");
+  uint64_t weight_bytes = 0;
+  for (const auto& t : reader.tensors()) {
+    EXPECT_TRUE(t.name.rfind("model.", 0) == 0 || t.name.rfind("rng.", 0) == 0) << t.name;
+    if (t.name.rfind("model.", 0) == 0) weight_bytes += t.end - t.begin;
+  }
+  const auto loaded = nanogpt::train::load_model(checkpoint);
+  EXPECT_EQ(weight_bytes, static_cast<uint64_t>(loaded.model->num_params(/*non_embedding=*/false)) * 4);
+  EXPECT_LT(reader.file_size(), weight_bytes + 4 * 1024 * 1024);
+}
+
 TEST_F(HfImport, SampleAndAttentionWorkOnTheImportedFolder) {
   const std::string ours = import("gpt2");
   auto r = run_nanogpt("sample --out_dir='" + ours + "' --start='To be' --max_new_tokens=20 --temperature=0", dir_->path);
@@ -198,6 +215,10 @@ TEST_F(HfImport, FineTuningFromTheImportedWeightsLowersTheValLoss) {
                                  "' --device=cpu --max_iters=2 --eval_interval=2 --eval_iters=1 --batch_size=2",
                              dir_->path);
   EXPECT_EQ(r.rc, 0) << r.err;
+  // It started AdamW afresh and saved it with the weights.
+  const auto resumed = nanogpt::train::read_checkpoint_meta(ours + "/" + nanogpt::train::kLastCheckpoint);
+  EXPECT_EQ(resumed.iter, 2);
+  EXPECT_TRUE(resumed.optimizer_state);
   // A dataset of another tokenizer is refused, naming the way to make the right one.
   const auto refused = run_nanogpt("train '" + std::string(NANOGPT_SOURCE_DIR) + "/configs/finetune_shakespeare.yaml' --out_dir='" + (*dir_ / "refused_run") + "' --init_from='" + ours +
                                        "' --dataset='" + std::string(NANOGPT_SOURCE_DIR) +

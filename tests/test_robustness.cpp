@@ -443,6 +443,54 @@ TEST(CheckpointLoad, MetaReadsNeitherWeightsNorOptimizerState) {
   EXPECT_EQ(train::read_checkpoint_meta(dir / "inf.safetensors").best_val_loss, ckpt.meta.best_val_loss);
 }
 
+// A checkpoint of weights only (what an import writes) holds no optimizer tensor; it loads as the
+// weights of the full one, and a resume from it keeps the optimizer as built (zero moments, step 0)
+// and can step it. The full checkpoint still restores its optimizer state.
+TEST(CheckpointLoad, WeightsOnlyCheckpointResumesWithAFreshOptimizer) {
+  ScratchDir dir;
+  TinyCheckpoint ckpt;
+  {  // one step, so the full checkpoint's moments are not zeros
+    const auto idx = torch::randint(0, 5, {2, 8});
+    ckpt.gpt->forward(idx, idx).second.backward();
+    ckpt.optimizer->step(1e-3);
+  }
+  const std::string full = dir / "full.safetensors", weights = dir / "weights.safetensors";
+  ckpt.save(full);
+  train::save_checkpoint(weights, ckpt.gpt, ckpt.meta);
+  io::SafeTensorsReader reader(weights, "ckpt");
+  for (const auto& t : reader.tensors()) EXPECT_NE(t.name.rfind("optimizer.", 0), 0u) << t.name;
+  EXPECT_FALSE(train::read_checkpoint_meta(weights).optimizer_state);
+  EXPECT_TRUE(train::read_checkpoint_meta(full).optimizer_state);
+  EXPECT_LT(fs::file_size(weights), fs::file_size(full));
+
+  auto fresh = [] {
+    TinyCheckpoint other;
+    torch::NoGradGuard no_grad;
+    for (auto& p : other.gpt->parameters()) p.fill_(0.5);  // other weights than the checkpoint's
+    return other;
+  };
+  TinyCheckpoint resumed = fresh();
+  const auto meta = train::load_checkpoint(weights, &resumed.gpt, resumed.optimizer.get());
+  EXPECT_FALSE(meta.optimizer_state);
+  EXPECT_EQ(meta.iter, ckpt.meta.iter);
+  const auto ours = ckpt.gpt->named_parameters(), theirs = resumed.gpt->named_parameters();
+  for (const auto& item : ours) EXPECT_TRUE(torch::equal(item.value(), theirs[item.key()])) << item.key();
+  EXPECT_EQ(resumed.optimizer->steps(), 0);
+  for (const auto& [name, tensor] : resumed.optimizer->state())
+    EXPECT_EQ(tensor.count_nonzero().item<int64_t>(), 0) << name;
+  const auto idx = torch::randint(0, 5, {2, 8});
+  resumed.gpt->forward(idx, idx).second.backward();
+  resumed.optimizer->step(1e-3);
+  EXPECT_EQ(resumed.optimizer->steps(), 1);
+
+  TinyCheckpoint restored = fresh();
+  EXPECT_TRUE(train::load_checkpoint(full, &restored.gpt, restored.optimizer.get()).optimizer_state);
+  EXPECT_EQ(restored.optimizer->steps(), 1);
+  const auto saved_state = ckpt.optimizer->state(), restored_state = restored.optimizer->state();
+  for (size_t i = 0; i < saved_state.size(); ++i)
+    EXPECT_TRUE(torch::equal(saved_state[i].second, restored_state[i].second)) << saved_state[i].first;
+}
+
 namespace {
 
 // Runs `command`; returns its exit status and standard output.

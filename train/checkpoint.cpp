@@ -2,6 +2,8 @@
 //   tensors   model.<parameter name>         fp32, nanoGPT-like names (model.h.0.attn.q_proj.weight)
 //             optimizer.step                  0-d int64
 //             optimizer.{exp_avg,exp_avg_sq}.{decay,no_decay}   FlatAdamW's flat moments
+//                                             (no optimizer.* at all: weights only, an imported model;
+//                                             a resume starts the optimizer afresh)
 //             rng.cpu, rng.cuda (when trained on CUDA)          generator states, uint8
 //   metadata  format ("nanogpt-cpp checkpoint"), format_version, iter, best_val_loss, eval_done,
 //             config_yaml, model_config (JSON object), vocab (data::Vocab::serialize),
@@ -15,6 +17,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -187,6 +190,9 @@ CheckpointMeta read_meta(io::SafeTensorsReader& reader, const std::string& path)
   if (meta.torch_rng_state.scalar_type() != torch::kByte || meta.torch_rng_state.dim() != 1 ||
       meta.torch_rng_state.numel() != rng_bytes)
     throw ckpt_error(path, fmt::format("tensor 'rng.cpu' is not a CPU generator state ({} bytes of U8)", rng_bytes));
+  meta.optimizer_state = std::any_of(reader.tensors().begin(), reader.tensors().end(), [](const io::TensorInfo& t) {
+    return t.name.rfind(kOptimizerPrefix, 0) == 0;
+  });
   meta.cuda_rng_state = read_tensor(reader, path, "rng.cuda", false);
   if (meta.cuda_rng_state.defined() && (meta.cuda_rng_state.scalar_type() != torch::kByte || meta.cuda_rng_state.dim() != 1))
     throw ckpt_error(path, "tensor 'rng.cuda' is not a generator state (1-D U8)");
@@ -230,6 +236,7 @@ void load_optimizer(io::SafeTensorsReader& reader, const std::string& path, Flat
   std::vector<std::pair<std::string, torch::Tensor>> state;
   for (const auto& info : reader.tensors())
     if (info.name.rfind(prefix, 0) == 0) state.emplace_back(info.name.substr(prefix.size()), reader.read(info));
+  if (state.empty()) return;  // weights only: the optimizer stays as it was built (CheckpointMeta::optimizer_state)
   try {
     optimizer.load_state(state);
   } catch (const std::runtime_error& e) {  // "[ckpt] optimizer state ...": add the path
@@ -238,14 +245,14 @@ void load_optimizer(io::SafeTensorsReader& reader, const std::string& path, Flat
   }
 }
 
-}  // namespace
-
-CheckpointContent checkpoint_content(model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta) {
+// The checkpoint with the optimizer's state, or weights only when `optimizer` is null.
+CheckpointContent content_of(model::GPT& model, const FlatAdamW* optimizer, const CheckpointMeta& meta) {
   CheckpointContent content;
   auto& tensors = content.tensors;
   for (const auto& item : model->named_parameters())
     tensors.emplace_back(kModelPrefix + item.key(), item.value().detach().to(torch::kFloat));
-  for (const auto& [name, tensor] : optimizer.state()) tensors.emplace_back(kOptimizerPrefix + name, tensor);
+  if (optimizer)
+    for (const auto& [name, tensor] : optimizer->state()) tensors.emplace_back(kOptimizerPrefix + name, tensor);
   tensors.emplace_back("rng.cpu", meta.torch_rng_state);
   if (meta.cuda_rng_state.defined()) tensors.emplace_back("rng.cuda", meta.cuda_rng_state);
   content.metadata = {
@@ -266,6 +273,16 @@ CheckpointContent checkpoint_content(model::GPT& model, const FlatAdamW& optimiz
   return content;
 }
 
+}  // namespace
+
+CheckpointContent checkpoint_content(model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta) {
+  return content_of(model, &optimizer, meta);
+}
+
+CheckpointContent checkpoint_content(model::GPT& model, const CheckpointMeta& meta) {
+  return content_of(model, nullptr, meta);
+}
+
 void write_checkpoint(const std::string& path, const CheckpointContent& content,
                       const std::function<void(size_t)>& after_tensor) {
   io::write_safetensors(path, content.tensors, content.metadata, "ckpt", after_tensor);
@@ -273,6 +290,10 @@ void write_checkpoint(const std::string& path, const CheckpointContent& content,
 
 void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta) {
   write_checkpoint(path, checkpoint_content(model, optimizer, meta));
+}
+
+void save_checkpoint(const std::string& path, model::GPT& model, const CheckpointMeta& meta) {
+  write_checkpoint(path, checkpoint_content(model, meta));
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {

@@ -42,6 +42,8 @@ struct CheckpointMeta {
   int64_t loss_scale_growth = 0;     // float16: good steps in a row since the scale last changed
   int64_t world_size = 1;            // processes that trained it (torchrun); any number can resume it
   std::string run_id;                // the run that wrote it (train/run_id.h); "" before run ids
+  bool optimizer_state = true;       // the file holds optimizer state; false: weights only (an imported
+                                     // model), and a resume starts the optimizer afresh
 };
 
 /// A model ready for inference, loaded from a checkpoint.
@@ -64,6 +66,10 @@ struct CheckpointContent {
 /// optimizer state, not copies: write them before the next step, or copy them first (a snapshot:
 /// train/checkpoint_writer.h).
 CheckpointContent checkpoint_content(model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta);
+/// The checkpoint of `model` and `meta` without optimizer state (an imported model, which has none
+/// worth a file: its moments would be zeros twice the model's size). load_checkpoint leaves an
+/// optimizer as it was built for it (zero moments, step 0) and reads meta.optimizer_state false.
+CheckpointContent checkpoint_content(model::GPT& model, const CheckpointMeta& meta);
 
 /// Writes `content` to `path` atomically (temporary file, fsync, rename). `after_tensor(k)`, when
 /// given, is called after the first k tensors' bytes are written. Throws "[ckpt] cannot write ...".
@@ -73,6 +79,8 @@ void write_checkpoint(const std::string& path, const CheckpointContent& content,
 /// Writes a training checkpoint atomically (temporary file, fsync, rename): a crash at any moment
 /// leaves either the previous file or the complete new one. Throws "[ckpt] cannot write ...".
 void save_checkpoint(const std::string& path, model::GPT& model, const FlatAdamW& optimizer, const CheckpointMeta& meta);
+/// The same without optimizer state (see checkpoint_content above).
+void save_checkpoint(const std::string& path, model::GPT& model, const CheckpointMeta& meta);
 
 /// Reads and validates a checkpoint's metadata only: the header and the RNG states, never the
 /// weights or the optimizer state.
@@ -80,6 +88,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 
 /// Loads weights into `model` and state into `optimizer` (either may be null) and returns the meta.
 /// Every tensor is checked against the model built from the config; a mismatch names the tensor.
+/// A file without optimizer state (meta.optimizer_state false) leaves `optimizer` untouched.
 CheckpointMeta load_checkpoint(const std::string& path, model::GPT* model, FlatAdamW* optimizer);
 
 /// `path` may be a checkpoint file or an out_dir (then ckpt_best.safetensors, else ckpt_last.safetensors).
