@@ -36,6 +36,7 @@ struct SampleArgs {
   std::string dtype = "auto";
   std::string quantize = "none";
   std::string decoder = "auto";
+  int64_t max_context = 0;
   int64_t num_threads = 0;
   bool stream = false;
   bool batch = false;
@@ -63,6 +64,10 @@ void check(const SampleArgs& a) {
     bad("--decoder (" + a.decoder + ") must be auto, graph, static or general");
   if ((a.decoder == "graph" || a.decoder == "static") && (a.no_cache || a.quantize != "none" || a.beam > 0))
     bad("--decoder " + a.decoder + " samples through the static KV cache: drop --no_cache, --quantize and --beam");
+  if (a.max_context < 0) bad(fmt::format("--max_context ({}) must be >= 1 (0 = block_size)", a.max_context));
+  if (a.max_context > 0 && (a.decoder == "general" || a.no_cache || a.quantize != "none"))
+    bad("--max_context sizes the static KV cache (--decoder static or graph): drop --decoder=general, --no_cache and "
+        "--quantize");
   if (a.beam < 0) bad("--beam must be >= 0 (0 = sample, 1 = greedy, K = beam search with K beams)");
   if (a.beam > 0 && (a.stream || a.batch || a.show_probs || a.no_cache))
     bad("--beam prints its K results at the end: drop --stream, --batch, --show_probs and --no_cache");
@@ -139,6 +144,7 @@ void run_beam(const SampleArgs& a, train::LoadedModel& loaded, const std::vector
   options.length_normalize = a.length_norm;
   options.exact_window = a.exact_window;
   options.quantize = quantize_of(a.quantize);
+  options.max_context = a.max_context;
   const size_t P = prompt.size();
   auto generated_text = [&](const std::vector<int64_t>& tokens) {
     SampleText text;
@@ -175,6 +181,12 @@ void run_sample(const SampleArgs& a) {
   runtime::set_threads(a.num_threads);
   const auto device = runtime::resolve_device(a.device);
   auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
+  const int64_t block_size = loaded.model->config().block_size;
+  if (a.max_context > block_size)
+    throw std::invalid_argument(fmt::format(
+        "[sample] --max_context ({}) is longer than the model's block_size ({}): it has seen no longer window; give at "
+        "most {} (0 = block_size)",
+        a.max_context, block_size, block_size));
   // Autocast for the whole run, as sample.py's ctx: fp32 weights, products in the low precision
   // (the static decoder converts its weights to that precision once instead).
   const std::string dtype = runtime::resolve_sampling_dtype(a.dtype, device);
@@ -186,13 +198,17 @@ void run_sample(const SampleArgs& a) {
   std::mt19937_64 rng(static_cast<uint64_t>(a.seed));
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   // auto: on a GPU the static KV cache with its step as a CUDA graph (a token is a few hundred
-  // kernel launches otherwise); on the CPU the general path and its hand-written decoder.
+  // kernel launches otherwise); on the CPU the general path and its hand-written decoder, unless
+  // --max_context asks for the static cache's shorter window.
   const bool can_static = !a.no_cache && a.quantize == "none";
-  const std::string decoder = a.decoder != "auto" ? a.decoder : device.is_cuda() && can_static ? "graph" : "general";
+  const std::string decoder = a.decoder != "auto"                ? a.decoder
+                              : device.is_cuda() && can_static ? "graph"
+                              : a.max_context > 0              ? "static"
+                                                               : "general";
   std::unique_ptr<model::StaticDecoder> static_decoder;  // made and captured before the clock starts
   if (decoder != "general") {
     static_decoder = std::make_unique<model::StaticDecoder>(loaded.model, a.batch ? a.num_samples : 1, autocast_dtype,
-                                                            a.exact_window);
+                                                            a.exact_window, a.max_context);
     const auto* plugin = runtime::cuda_plugin();
     if (decoder == "graph") {
       const std::string failed =
@@ -245,12 +261,13 @@ void run_sample(const SampleArgs& a) {
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string cache =
+      a.no_cache        ? "no cache"
+      : !static_decoder ? "KV cache"
+                        : fmt::format("static KV cache of {} positions{}", static_decoder->window(),
+                                      static_decoder->graphed() ? ", CUDA graphs" : "");
   std::fprintf(stderr, "[sample] %lld tokens in %.2f s: %.0f tok/s (%s, %s, %s, %s)\n", static_cast<long long>(generated),
-               seconds, generated / std::max(seconds, 1e-9),
-               a.no_cache                                      ? "no cache"
-               : static_decoder && static_decoder->graphed() ? "static KV cache, CUDA graphs"
-               : static_decoder                              ? "static KV cache"
-                                                             : "KV cache",
+               seconds, generated / std::max(seconds, 1e-9), cache.c_str(),
                a.batch ? fmt::format("batch of {}", a.num_samples).c_str() : "one sample at a time",
                device.str().c_str(), (dtype + (a.quantize != "none" ? ", " + a.quantize + " weights" : "")).c_str());
 }
@@ -286,6 +303,12 @@ void add_sample_command(CLI::App& app) {
                   "auto (graph on a GPU, general on a CPU) | graph (a preallocated KV cache, one token's step, "
                   "sampling included, captured as a CUDA graph once and replayed) | static (the same step run "
                   "kernel by kernel) | general (the model's own forward with a growing KV cache)")
+      ->capture_default_str();
+  cmd->add_option("--max_context", a->max_context,
+                  "Tokens a prediction sees at most, and the static KV cache's length per sample (less memory): the "
+                  "last N tokens, as a model of block_size N would; RoPE models slide their window past it as past "
+                  "block_size; 0 = block_size. Samples through the static KV cache (--decoder auto picks it on a CPU); "
+                  "beam search recomputes its last N tokens")
       ->capture_default_str();
   cmd->add_option("--num_threads", a->num_threads, "CPU threads; 0 = all cores")->capture_default_str();
   cmd->add_option("--stop", a->stop, "End a sample right after this string (e.g. a blank line, or 。)");

@@ -79,6 +79,9 @@ void run_serve(ServeArgs a) {
                     o.queue, o.max_n, o.max_prompts, o.max_n * o.max_prompts));
   if (a.quantize != "none" && a.quantize != "int8" && a.quantize != "int4")
     bad("--quantize (" + a.quantize + ") must be none, int8 or int4");
+  if (o.max_context < 0) bad(fmt::format("--max_context ({}) must be >= 1 (0 = block_size)", o.max_context));
+  if (o.max_context > 0 && a.quantize != "none")
+    bad("--quantize " + a.quantize + " runs in the CPU's decoder and --max_context in the static KV cache: drop one");
   if (a.dtype != "auto" && a.dtype != "float32" && a.dtype != "bfloat16")
     bad("--dtype (" + a.dtype + ") must be auto, float32 or bfloat16");
   if (!(o.stream_interval_ms >= 0.0 && o.stream_interval_ms <= 1000.0))
@@ -98,6 +101,11 @@ void run_serve(ServeArgs a) {
     bad("--quantize " + a.quantize + " runs in the CPU's decoder: drop it, or serve with --device=cpu");
   o.bf16 = runtime::resolve_sampling_dtype(a.dtype, device) == "bfloat16";  // auto: as `sample` on this device
   auto loaded = train::load_model(train::resolve_checkpoint(a.ckpt.empty() ? a.out_dir : a.ckpt), device);
+  const int64_t block_size = loaded.model->config().block_size;
+  if (o.max_context > block_size)
+    bad(fmt::format("--max_context ({}) is longer than the model's block_size ({}): it has seen no longer window; give "
+                    "at most {} (0 = block_size)",
+                    o.max_context, block_size, block_size));
   const auto quantize = a.quantize == "int8" ? model::Quantize::int8
                         : a.quantize == "int4" ? model::Quantize::int4 : model::Quantize::none;
   if (o.model_name.empty()) o.model_name = std::filesystem::path(loaded.path).parent_path().filename().string();
@@ -113,10 +121,11 @@ void run_serve(ServeArgs a) {
                  signal == SIGINT ? "interrupted" : "terminated", o.drain_timeout_s);
     server.stop();
   });
-  std::fprintf(stderr, "[serve] %s (%lld parameters, vocabulary of %lld, %s, %s) on http://%s:%d | %lld slots | %s\n",
+  std::fprintf(stderr, "[serve] %s (%lld parameters, vocabulary of %lld, %s, %s) on http://%s:%d | %lld slots of %lld positions | %s\n",
                loaded.path.c_str(), static_cast<long long>(loaded.model->num_params()),
                static_cast<long long>(loaded.vocab.size()), o.bf16 ? "bfloat16" : "float32", device.str().c_str(),
                o.host.c_str(), port, static_cast<long long>(o.parallel),
+               static_cast<long long>(o.max_context > 0 ? o.max_context : block_size),
                o.api_key.empty() ? "no API key" : "API key required");
   if (o.api_key.empty() && o.host != "127.0.0.1" && o.host != "localhost" && o.host != "::1")
     std::fprintf(stderr, "[serve] warning: listening on %s without an API key: anyone who can reach it can use it\n",
@@ -182,6 +191,12 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--device", a->device,
                   "auto | cpu | cuda | cuda:N (auto: a GPU where there is one; there the slots live in a static KV "
                   "cache and each step replays a CUDA graph)")
+      ->capture_default_str();
+  cmd->add_option("--max_context", o.max_context,
+                  "Tokens a prediction sees at most, and each slot's KV cache length (less memory): the last N tokens, "
+                  "as a model of block_size N would; RoPE models slide their window past it as past block_size; beam "
+                  "search recomputes its last N tokens; 0 = block_size. On a CPU it puts the slots in the static KV "
+                  "cache (as on a GPU)")
       ->capture_default_str();
   cmd->add_option("--num_threads", a->num_threads, "CPU threads for the model; 0 = all cores")->capture_default_str();
   for (auto* option : cmd->get_options()) option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);

@@ -24,14 +24,16 @@ namespace {
 // would see (within block_size; past it with RoPE's sliding window unless `exact_window`), else a
 // prefill of the window. One new position on the CPU in fp32 goes through the hand-written decoder
 // (model/fast/decoder.h) unless `fast_decoder` is off, and so does a one-token prompt (one new
-// position on an empty cache); longer prefills take the general path.
+// position on an empty cache); longer prefills take the general path. A `max_context` shorter than
+// block_size is the window instead, recomputed once full (this cache is a ring of block_size: it
+// cannot slide at a shorter length).
 class ContextRunner {
  public:
-  ContextRunner(GPT& model, bool exact_window, bool fast_decoder, Quantize quantize)
+  ContextRunner(GPT& model, bool exact_window, bool fast_decoder, Quantize quantize, int64_t max_context = 0)
       : model_(model),
         cache_(model->make_cache()),
-        block_(model->config().block_size),
-        sliding_(!exact_window && model->config().pos_encoding == "rope"),
+        block_(max_context > 0 ? std::min(max_context, model->config().block_size) : model->config().block_size),
+        sliding_(!exact_window && model->config().pos_encoding == "rope" && block_ == model->config().block_size),
         fast_decoder_(fast_decoder),
         quantize_(quantize) {
     if (quantize_ != Quantize::none && !(fast_decoder_ && decoder_supports(*model_)))
@@ -268,10 +270,13 @@ std::vector<Beam> beam_search(GPT& model, const std::vector<int64_t>& prompt, in
                               const BeamOptions& options, const std::function<bool(const std::vector<int64_t>&)>& finished) {
   if (prompt.empty()) throw std::invalid_argument("[sample] the prompt must hold at least one token");
   if (options.width < 1) throw std::invalid_argument(fmt::format("[sample] beam width must be >= 1, got {}", options.width));
+  if (options.max_context < 0 || options.max_context > model->config().block_size)
+    throw std::invalid_argument(fmt::format("[sample] max_context ({}) must be in [1, block_size] = [1, {}] (0 = block_size)",
+                                            options.max_context, model->config().block_size));
   c10::InferenceMode inference;
   SamplingMode sampling(model);
   const auto device = model->parameters().front().device();
-  ContextRunner runner(model, options.exact_window, options.fast_decoder, options.quantize);
+  ContextRunner runner(model, options.exact_window, options.fast_decoder, options.quantize, options.max_context);
   std::vector<Beam> active{Beam{prompt, 0.0, 0}}, done;
   for (int64_t step = 0; step < max_new_tokens && !active.empty(); ++step) {
     const int64_t K = static_cast<int64_t>(active.size()), total = static_cast<int64_t>(active[0].tokens.size());

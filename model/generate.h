@@ -129,6 +129,7 @@ struct BeamOptions {
   bool exact_window = false;      // as SamplingOptions::exact_window
   bool fast_decoder = true;       // as SamplingOptions::fast_decoder
   Quantize quantize = Quantize::none;  // as SamplingOptions::quantize
+  int64_t max_context = 0;        // each step sees the last max_context tokens, recomputed once full; 0 = block_size
 };
 
 /// Beam search: at every step each of the `width` best partial sequences is extended by every

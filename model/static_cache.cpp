@@ -15,11 +15,17 @@
 
 namespace nanogpt::model {
 
-StaticKVCache::StaticKVCache(const ModelConfig& config, int64_t slots, const torch::TensorOptions& options) {
+StaticKVCache::StaticKVCache(const ModelConfig& config, int64_t slots, const torch::TensorOptions& options,
+                             int64_t length) {
   if (slots < 1) throw std::invalid_argument(fmt::format("[model] a static KV cache needs >= 1 slot, got {}", slots));
+  if (length < 0 || length > config.block_size)
+    throw std::invalid_argument(fmt::format(
+        "[model] a static KV cache holds 1 to block_size ({}) positions a slot (0 = block_size), got {}",
+        config.block_size, length));
+  const int64_t L = length == 0 ? config.block_size : length;
   for (int64_t i = 0; i < config.n_layer; ++i) {
     // Zeros, not empty: a masked position's weight is exactly 0, and 0 x (a NaN left in memory) is NaN.
-    k.push_back(torch::zeros({slots, config.kv_heads(), config.block_size, config.head_size()}, options));
+    k.push_back(torch::zeros({slots, config.kv_heads(), L, config.head_size()}, options));
     v.push_back(torch::zeros_like(k.back()));
   }
   pos = torch::zeros({slots}, torch::TensorOptions().dtype(torch::kLong).device(options.device()));
@@ -115,8 +121,8 @@ torch::Tensor decode_step(const DecodeWeights& w, StaticKVCache& cache, const to
     cos2 = torch::cat({cos, cos}, -1).to(torch::kFloat).unsqueeze(1);
     sin2 = torch::cat({-sin, sin}, -1).to(torch::kFloat).unsqueeze(1);
   }
-  auto slot = (pos % L).view({B, 1, 1, 1}).expand({B, nkv, 1, hs});         // where each row's key goes
-  auto hidden = (w.key_index.view({1, 1, 1, L}) > pos.view({B, 1, 1, 1}));  // (B, 1, 1, L): not written yet
+  auto slot = (pos % L).view({B, 1, 1, 1}).expand({B, nkv, 1, hs});                   // where each row's key goes
+  auto hidden = (w.key_index.narrow(0, 0, L).view({1, 1, 1, L}) > pos.view({B, 1, 1, 1}));  // (B, 1, 1, L): not written yet
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const auto& p = w.layers[l];

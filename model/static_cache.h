@@ -8,9 +8,9 @@
 // on the CPU as on CUDA.
 //
 // Positions: RoPE's angle is computed from pos in double precision on the device (as the Rope tables
-// are), so pos may count past block_size (the sliding window of model/generate.h); learned and
-// sinusoidal tables are indexed at pos (the caller recomputes the window before pos reaches
-// block_size, as generate() does).
+// are), so pos may count past L (the sliding window of model/generate.h, L positions wide); learned
+// and sinusoidal tables are indexed at pos (the caller recomputes the window before pos reaches L,
+// as generate() does at block_size).
 #pragma once
 
 #include <torch/torch.h>
@@ -24,12 +24,13 @@ namespace nanogpt::model {
 
 /// Keys and values of S slots, every layer, fixed shapes.
 struct StaticKVCache {
-  std::vector<torch::Tensor> k;  // per layer (S, nkv, L, hs), L = block_size; zeros where never written
+  std::vector<torch::Tensor> k;  // per layer (S, nkv, L, hs), L <= block_size; zeros where never written
   std::vector<torch::Tensor> v;  // per layer (S, nkv, L, hs)
   torch::Tensor pos;             // (S,) int64: the position the slot's next token takes (= positions held, until it slides)
 
-  /// Zeroed buffers for `slots` sequences of `config`'s model in `options` (dtype and device).
-  StaticKVCache(const ModelConfig& config, int64_t slots, const torch::TensorOptions& options);
+  /// Zeroed buffers for `slots` sequences of `length` positions (0: block_size; at most block_size)
+  /// of `config`'s model in `options` (dtype and device).
+  StaticKVCache(const ModelConfig& config, int64_t slots, const torch::TensorOptions& options, int64_t length = 0);
   StaticKVCache() = default;
 
   int64_t slots() const { return pos.size(0); }
@@ -56,7 +57,7 @@ struct DecodeWeights {
   torch::Tensor wpe;                        // (block, C) fp32: learned or sinusoidal table, undefined for RoPE
   torch::Tensor ln_f_w, ln_f_b;
   torch::Tensor inv_freq;                   // (hs/2,) double: RoPE's θ_i
-  torch::Tensor key_index;                  // (L,) int64: 0 .. L-1, for the mask
+  torch::Tensor key_index;                  // (block,) int64: 0 .. block-1, for the mask (its first L)
   std::vector<Layer> layers;
 
   /// The weights of `model` (on its device). dtype kFloat keeps them as they are (no copy but Q/K/V's

@@ -15,21 +15,25 @@ int64_t StaticDecoder::bucket(int64_t n) {
   return b;
 }
 
-StaticDecoder::StaticDecoder(GPT& model, int64_t slots, torch::ScalarType dtype, bool exact_window,
+StaticDecoder::StaticDecoder(GPT& model, int64_t slots, torch::ScalarType dtype, bool exact_window, int64_t max_context,
                              std::optional<torch::Generator> generator)
     : model_(model),
       mode_(model),
       device_(model->parameters().front().device()),
       sliding_(!exact_window && model->config().pos_encoding == "rope"),
-      block_(model->config().block_size),
       generator_(std::move(generator)) {
   if (slots < 1) throw std::invalid_argument(fmt::format("[sample] the static decoder needs >= 1 slot, got {}", slots));
+  if (max_context < 0 || max_context > model->config().block_size)
+    throw std::invalid_argument(fmt::format(
+        "[sample] max_context ({}) must be in [1, block_size] = [1, {}] (0 = block_size): the model has seen no "
+        "longer window",
+        max_context, model->config().block_size));
   if (dtype != torch::kFloat && dtype != torch::kBFloat16 && dtype != torch::kHalf)
     throw std::invalid_argument("[sample] the static decoder computes in float32, bfloat16 or float16");
   c10::InferenceMode inference;
   const int64_t S = bucket(slots), V = model->config().vocab_size;
   weights_ = DecodeWeights::from(model, dtype);
-  cache_ = StaticKVCache(model->config(), S, torch::TensorOptions().dtype(dtype).device(device_));
+  cache_ = StaticKVCache(model->config(), S, torch::TensorOptions().dtype(dtype).device(device_), max_context);
   options_ = RowOptions(S, device_);
   const auto longs = torch::TensorOptions().dtype(torch::kLong).device(device_);
   tokens_ = torch::zeros({S}, longs);
@@ -79,12 +83,12 @@ void StaticDecoder::start(int64_t slot, const std::vector<int64_t>& context) {
   if (slot < 0 || slot >= slots())
     throw std::invalid_argument(fmt::format("[sample] slot {} is outside the decoder's {} slots", slot, slots()));
   c10::InferenceMode inference;
-  const int64_t total = static_cast<int64_t>(context.size()), begin = std::max<int64_t>(0, total - block_);
+  const int64_t total = static_cast<int64_t>(context.size()), begin = std::max<int64_t>(0, total - window());
   const int64_t prefix = total - begin - 1;  // the window but its newest token, at positions 0 .. prefix - 1
   if (prefix > 0) {
     KVCache general = model_->make_cache();
-    auto window = torch::tensor(std::vector<int64_t>(context.begin() + begin, context.end() - 1), torch::kLong);
-    model_->forward_cached(window.view({1, prefix}).to(device_), general);
+    auto earlier = torch::tensor(std::vector<int64_t>(context.begin() + begin, context.end() - 1), torch::kLong);
+    model_->forward_cached(earlier.view({1, prefix}).to(device_), general);
     cache_.load(slot, general, 0, prefix);
   }
   cache_.pos.narrow(0, slot, 1).fill_(prefix);
@@ -107,7 +111,7 @@ void StaticDecoder::move(int64_t from, int64_t to) {
   position_[to] = position_[from];
 }
 
-bool StaticDecoder::needs_restart(int64_t slot) const { return !sliding_ && position_[slot] >= block_; }
+bool StaticDecoder::needs_restart(int64_t slot) const { return !sliding_ && position_[slot] >= window(); }
 
 std::vector<int64_t> StaticDecoder::step(int64_t n) {
   if (n < 1 || n > slots())

@@ -5,11 +5,13 @@
 // slots) as a graph and replayed for every token (StepGraphs, given by the CUDA plugin: model/cuda/
 // decode_graph.h); a step of n sequences replays the bucket at or above n, the rows past n idle.
 //
-// A sequence enters a slot through start(): the last block_size tokens of its context but the
-// newest go through the model's general path (a prefill, eager), the newest is the next step's
-// input. Positions then count on the device. With RoPE the window slides (model/generate.h); with
-// learned or sinusoidal positions, or `exact_window`, a sequence whose window is full is start()ed
-// again with its whole context before its next step (needs_restart), as generate() recomputes it.
+// A sequence enters a slot through start(): the last W tokens of its context but the newest go
+// through the model's general path (a prefill, eager), the newest is the next step's input; W, the
+// window, is block_size or a shorter max_context, and a slot's cache holds W positions. Positions
+// then count on the device. With RoPE the window slides (model/generate.h, W wide); with learned or
+// sinusoidal positions, or `exact_window`, a sequence whose window is full is start()ed again with
+// its whole context before its next step (needs_restart), as generate() recomputes it: every token
+// is then predicted from exactly the last W tokens, as sample.py with a block_size of W would.
 #pragma once
 
 #include <torch/torch.h>
@@ -43,9 +45,10 @@ class StaticDecoder {
  public:
   /// `slots` sequences at most (rounded up to a bucket) of `model` (on its device), the products in
   /// `dtype` (kFloat, or kBFloat16 with the weights converted once). `exact_window`: as
-  /// SamplingOptions. `generator`: for the draws (the device's default when none: the one a CUDA
+  /// SamplingOptions. `max_context`: the window and each slot's cache length, in [1, block_size]
+  /// (0 = block_size). `generator`: for the draws (the device's default when none: the one a CUDA
   /// graph may use). Holds the model in sampling mode for its lifetime.
-  StaticDecoder(GPT& model, int64_t slots, torch::ScalarType dtype, bool exact_window,
+  StaticDecoder(GPT& model, int64_t slots, torch::ScalarType dtype, bool exact_window, int64_t max_context = 0,
                 std::optional<torch::Generator> generator = std::nullopt);
   ~StaticDecoder();
   StaticDecoder(const StaticDecoder&) = delete;
@@ -54,6 +57,8 @@ class StaticDecoder {
   /// The bucket a step of n sequences runs: the smallest power of two >= n.
   static int64_t bucket(int64_t n);
   int64_t slots() const { return cache_.slots(); }
+  /// The tokens a prediction sees at most: block_size or the max_context given, each slot's cache length.
+  int64_t window() const { return cache_.length(); }
 
   /// Captures every bucket's step with `graphs`. Returns "" when all were captured, else why not
   /// (the steps then run eagerly).
@@ -84,7 +89,6 @@ class StaticDecoder {
   SamplingMode mode_;
   torch::Device device_;
   bool sliding_;
-  int64_t block_;
   DecodeWeights weights_;
   StaticKVCache cache_;
   RowOptions options_;

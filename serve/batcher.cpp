@@ -95,9 +95,9 @@ Batcher::Batcher(model::GPT& model, const data::Vocab& vocab, const ServerOption
                  model::Quantize quantize)
     : model_(model), vocab_(vocab), options_(options), metrics_(metrics), quantize_(quantize),
       stepper_(std::make_unique<model::SequenceStepper>(model, quantize)) {  // throws here, not in the thread
-  if (options.static_slots || model->parameters().front().device().is_cuda())
-    slots_ = std::make_unique<model::StaticDecoder>(model, options.parallel,
-                                                    options.bf16 ? torch::kBFloat16 : torch::kFloat, /*exact_window=*/false);
+  if (options.static_slots || options.max_context > 0 || model->parameters().front().device().is_cuda())
+    slots_ = std::make_unique<model::StaticDecoder>(model, options.parallel, options.bf16 ? torch::kBFloat16 : torch::kFloat,
+                                                    /*exact_window=*/false, options.max_context);
   std::promise<void> prepared;
   auto ready = prepared.get_future();
   thread_ = std::thread([this, &prepared] { loop(prepared); });
@@ -330,6 +330,7 @@ void Batcher::beam(const std::shared_ptr<Job>& job, const CompletionRequest& r) 
   model::BeamOptions options;
   options.width = r.beam;
   options.quantize = quantize_;
+  options.max_context = options_.max_context;
   size_t longest_stop = 0;
   for (const auto& s : r.stop) longest_stop = std::max(longest_stop, s.size());
   for (size_t p = 0; p < r.prompts.size(); ++p) {

@@ -5,7 +5,8 @@
 // threads submit requests and read their events; nothing else touches the model.
 // On a GPU the slots are those of a static KV cache (model::StaticDecoder): the sequences in flight
 // are kept in its first slots, and a step replays the CUDA graph captured for the next bucket up
-// (1, 2, 4, ... --parallel), so a sequence joining or leaving never captures anything again.
+// (1, 2, 4, ... --parallel), so a sequence joining or leaving never captures anything again. A
+// max_context puts the slots in a static cache of that many positions on the CPU too.
 #pragma once
 
 #include <atomic>

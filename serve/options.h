@@ -32,6 +32,7 @@ struct ServerOptions {
   double stream_interval_ms = 2.0;        // a stream's events at most this often: faster tokens are joined
   bool bf16 = false;                      // the model's products in bfloat16 (CPU autocast, as `sample --dtype=bfloat16`)
   bool static_slots = false;              // the slots in a static KV cache, one graph-safe step a token (a model on a GPU: always)
+  int64_t max_context = 0;                // tokens a prediction sees at most, each slot's cache length (> 0: static slots); 0 = block_size
 };
 
 }  // namespace nanogpt::serve

@@ -36,11 +36,11 @@ GPT tiny_model(int64_t block = 8, const std::string& pos = "rope", int64_t n_lay
 }
 
 // nanoGPT's sample.py, greedy: every token is the argmax of a full forward over the last
-// block_size tokens.
-std::vector<int64_t> crop_and_recompute_greedy(GPT& model, std::vector<int64_t> seq, int64_t n) {
+// block_size tokens (or the last `window`, when given).
+std::vector<int64_t> crop_and_recompute_greedy(GPT& model, std::vector<int64_t> seq, int64_t n, int64_t window = 0) {
   torch::NoGradGuard no_grad;
   model->eval();
-  const int64_t block = model->config().block_size;
+  const int64_t block = window > 0 ? window : model->config().block_size;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(seq.size()) - block);
     auto idx = torch::tensor(std::vector<int64_t>(seq.begin() + start, seq.end())).unsqueeze(0);
@@ -429,6 +429,104 @@ TEST(StaticDecode, GreedyTextEqualsGenerate) {
     }
 }
 
+// max_context N: every step's logits are those of a window of the last N tokens (within fp32
+// rounding), and its greedy token their argmax. With learned or sinusoidal positions, or RoPE's exact
+// window, the reference is sample.py's recompute of the last N tokens (a full forward, no cache);
+// with RoPE's sliding window it is the general path of the same weights in a model whose block_size
+// is N (its KV cache slides at N). Prompts shorter and longer than N, 20 new tokens past it, two
+// slots; and the logits are not block_size's window's (the window is really applied).
+TEST(StaticDecode, MaxContextIsTheWindow) {
+  struct Case {
+    const char* pos;
+    int64_t n_head, n_kv_head;
+    bool modern, exact_window;
+  };
+  for (const Case c : {Case{"rope", 4, 2, false, false}, Case{"rope", 4, 1, true, false}, Case{"rope", 4, 2, false, true},
+                       Case{"learned", 2, 2, false, false}, Case{"sinusoidal", 4, 2, true, false}})
+    for (const int64_t N : {1, 3, 5})
+      for (const std::vector<int64_t>& prompt : {std::vector<int64_t>{4, 9}, std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}}) {
+        SCOPED_TRACE(fmt::format("{} nh={} nkv={}{}{} max_context {} prompt of {}", c.pos, c.n_head, c.n_kv_head,
+                                 c.modern ? " modern" : "", c.exact_window ? " exact_window" : "", N, prompt.size()));
+        auto model = static_test_model(c.pos, c.n_head, c.n_kv_head, c.modern);
+        const bool sliding = std::string(c.pos) == "rope" && !c.exact_window;
+        ModelConfig shorter = model->config();
+        shorter.block_size = N;
+        GPT windowed(shorter);  // the same weights, block_size N (RoPE: no table among the weights)
+        c10::InferenceMode inference;
+        auto from = model->named_parameters();
+        if (sliding)
+          for (auto& p : windowed->named_parameters()) p.value().copy_(from[p.key()]);
+        windowed->eval();
+        model->eval();
+        auto last = [](const std::vector<int64_t>& seq, int64_t n) {  // (1, <= n): the last n tokens
+          const int64_t begin = std::max<int64_t>(0, static_cast<int64_t>(seq.size()) - n);
+          return torch::tensor(std::vector<int64_t>(seq.begin() + begin, seq.end()), torch::kLong).view({1, -1});
+        };
+        KVCache slid;
+        auto reference = [&](const std::vector<int64_t>& seq) -> torch::Tensor {  // (V,)
+          if (!sliding) return model->forward(last(seq, N)).first.view({-1});
+          if (slid.k.empty()) {
+            slid = windowed->make_cache();
+            return windowed->forward_cached(last(seq, N), slid)[0];
+          }
+          return windowed->forward_cached(last(seq, 1), slid)[0];
+        };
+        SamplingOptions greedy;
+        greedy.temperature = 0.0;
+        StaticDecoder decoder(model, 2, torch::kFloat, c.exact_window, N);
+        EXPECT_EQ(decoder.window(), N);
+        std::vector<int64_t> seq = prompt;
+        for (int64_t s = 0; s < 2; ++s) {
+          decoder.set_options(s, greedy);
+          decoder.start(s, seq);
+        }
+        int64_t other_than_block_size = 0;
+        for (int step = 0; step < 20; ++step) {
+          for (int64_t s = 0; s < 2; ++s)
+            if (decoder.needs_restart(s)) decoder.start(s, seq);
+          const auto tokens = decoder.step(2);
+          const auto logits = decoder.logits(2);
+          const auto expected = reference(seq);
+          for (int64_t s = 0; s < 2; ++s) {
+            EXPECT_TRUE(torch::allclose(logits[s], expected, 1e-5, 1e-5))
+                << "step " << step << ": " << (logits[s] - expected).abs().max().item<float>();
+            EXPECT_EQ(tokens[s], expected.argmax().item<int64_t>()) << "step " << step;
+          }
+          const auto whole_block = model->forward(last(seq, 8)).first.view({-1});
+          if ((whole_block - expected).abs().max().item<float>() > 1e-3) ++other_than_block_size;
+          seq.push_back(tokens[0]);
+        }
+        EXPECT_GT(other_than_block_size, 0) << "a window of " << N << " gave block_size's logits at every step";
+      }
+}
+
+// The static cache's buffers are as long as asked: N positions a slot, block_size by default; a
+// length of 0 is block_size, a negative one or one past block_size is refused (so is the decoder's).
+TEST(StaticDecode, TheCacheIsAllocatedForMaxContextPositions) {
+  auto model = static_test_model("rope", 4, 2);
+  const auto& config = model->config();
+  StaticKVCache three(config, 2, torch::TensorOptions(), 3), full(config, 2, torch::TensorOptions());
+  ASSERT_EQ(three.k.size(), 2u);
+  for (size_t l = 0; l < three.k.size(); ++l) {
+    EXPECT_EQ(three.k[l].sizes(), (std::vector<int64_t>{2, 2, 3, 4}));
+    EXPECT_EQ(three.v[l].sizes(), (std::vector<int64_t>{2, 2, 3, 4}));
+    EXPECT_EQ(full.k[l].size(2), 8);
+  }
+  EXPECT_EQ(three.length(), 3);
+  EXPECT_EQ(StaticDecoder(model, 1, torch::kFloat, false).window(), 8);
+  for (const int64_t bad : {-1, 9}) {
+    EXPECT_THROW(StaticKVCache(config, 1, torch::TensorOptions(), bad), std::invalid_argument) << bad;
+    try {
+      StaticDecoder decoder(model, 1, torch::kFloat, false, bad);
+      ADD_FAILURE() << "max_context " << bad << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("max_context ({}) must be in [1, block_size] = [1, 8]", bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // Sequences of different lengths side by side in the slots, one entering later and one moved to
 // another slot: every step's logits equal the general path's for that sequence alone (its own KV
 // cache, forward_cached one token at a time), within fp32 rounding.
@@ -537,7 +635,7 @@ TEST(StaticDecode, SampledTokensComeFromTheFilteredDistribution) {
   o.temperature = 1.0;
   o.top_k = 3;
   auto run = [&](uint64_t seed, std::vector<std::vector<int64_t>>* seen) {
-    StaticDecoder decoder(model, 2, torch::kFloat, false, at::make_generator<at::CPUGeneratorImpl>(seed));
+    StaticDecoder decoder(model, 2, torch::kFloat, false, 0, at::make_generator<at::CPUGeneratorImpl>(seed));
     return generate_static(
         decoder, {1, 2}, 2, 25, o,
         [&](const std::vector<int64_t>& tokens, const torch::Tensor& probs) {

@@ -1329,6 +1329,50 @@ TEST_F(ServeHttp, TheDocumentedCurlLinesRunAsWritten) {
 
 // ---- On a GPU: the slots in a static KV cache, each step a CUDA graph's replay ----
 
+namespace {
+
+// What each choice of a request received: its text, its tokens, the largest log-probability among them.
+struct ChoiceSeen {
+  std::string text;
+  size_t tokens = 0;
+  double max_logprob = -HUGE_VAL;
+};
+
+// `requests` submitted to `batcher` 3 ms apart (later ones join a running batch), each one's events
+// read until its job ends (60 s at most): by request, each choice's ChoiceSeen; the jobs' errors.
+std::vector<std::map<int64_t, ChoiceSeen>> run_joining(serve::Batcher& batcher,
+                                                       const std::vector<serve::CompletionRequest>& requests,
+                                                       std::vector<std::string>* errors) {
+  std::vector<std::shared_ptr<serve::Job>> jobs;
+  for (const auto& request : requests) {
+    jobs.push_back(batcher.submit(request));
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  }
+  std::vector<std::map<int64_t, ChoiceSeen>> seen(jobs.size());
+  for (size_t r = 0; r < jobs.size(); ++r) {
+    std::vector<serve::ChoiceEvent> events;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (bool more = true; more;) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "request " << r << " still running after 60 s";
+        break;
+      }
+      more = jobs[r]->wait_events(events, std::chrono::milliseconds(100));
+      for (const auto& e : events) {
+        auto& choice = seen[r][e.index];
+        choice.text += e.text;
+        choice.tokens += e.tokens.size();
+        for (const auto& t : e.tokens) choice.max_logprob = std::max(choice.max_logprob, static_cast<double>(t.logprob));
+      }
+    }
+    errors->push_back(jobs[r]->error());
+  }
+  return seen;
+}
+
+}  // namespace
+
+
 // The GPU's batching on the CPU (--static_slots: the same code without the graphs): choices of
 // several requests join and leave the static cache's slots (moving down as others finish), each
 // one's greedy text is generate()'s alone, past block_size too (RoPE sliding; learned positions
@@ -1363,42 +1407,99 @@ TEST(Batching, StaticSlotsGiveEachChoiceItsGreedyTextWhateverJoinsOrLeaves) {
       requests.push_back(request);
     }
     serve::Batcher batcher(m, vocab, options, metrics);
-    std::vector<std::shared_ptr<serve::Job>> jobs;
-    for (const auto& request : requests) {
-      jobs.push_back(batcher.submit(request));
-      std::this_thread::sleep_for(std::chrono::milliseconds(3));  // later requests join a running batch
-    }
-    for (size_t r = 0; r < jobs.size(); ++r) {
+    std::vector<std::string> errors;
+    const auto seen = run_joining(batcher, requests, &errors);
+    for (size_t r = 0; r < requests.size(); ++r) {
       const auto& request = requests[r];
-      const auto& job = jobs[r];
-      std::map<int64_t, std::string> text;
-      std::map<int64_t, size_t> tokens;
-      std::vector<serve::ChoiceEvent> events;
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      for (bool more = true; more;) {
-        ASSERT_LT(std::chrono::steady_clock::now(), deadline);
-        more = job->wait_events(events, std::chrono::milliseconds(100));
-        for (const auto& e : events) {
-          text[e.index] += e.text;
-          tokens[e.index] += e.tokens.size();
-          for (const auto& t : e.tokens) {
-            if (request.logprobs) {
-              EXPECT_LE(t.logprob, 0.0);
-            }
-          }
-        }
-      }
-      EXPECT_EQ(job->error(), "");
+      EXPECT_EQ(errors[r], "");
       for (const auto& [index, want] : expected[r]) {
-        EXPECT_EQ(text[index], want) << "request " << r << " choice " << index;
+        const auto& choice = seen[r].at(index);
+        EXPECT_EQ(choice.text, want) << "request " << r << " choice " << index;
+        if (request.logprobs) {
+          EXPECT_LE(choice.max_logprob, 0.0);
+        }
         if (request.stop.empty()) {
-          EXPECT_EQ(tokens[index], static_cast<size_t>(request.max_tokens));
+          EXPECT_EQ(choice.tokens, static_cast<size_t>(request.max_tokens));
         }
       }
     }
   }
 }
 
+
+// --max_context N on the CPU: the slots are a static cache of N positions, and each choice's greedy
+// text is that of a window of its last N tokens: for learned positions sample.py's recompute of the
+// last N tokens, for RoPE the general path of the same weights in a model whose block_size is N (its
+// cache slides at N). A beam search of width 1 (greedy) recomputes its last N tokens. Choices join
+// and leave (4 slots, 5 choices); the window is not block_size's (some text differs from it).
+TEST(Batching, MaxContextGivesEachChoiceTheGreedyTextOfItsWindow) {
+  constexpr int64_t N = 3;
+  for (const std::string pos : {"rope", "learned"}) {
+    SCOPED_TRACE(pos);
+    auto m = tiny_model(pos);
+    {
+      // Sharper attention over values that outweigh the residual stream: which tokens are in the window
+      // matters to the next token (at random initialisation it hardly does).
+      torch::NoGradGuard no_grad;
+      for (auto& p : m->named_parameters()) {
+        if (p.key().find("q_proj") != std::string::npos || p.key().find("k_proj") != std::string::npos) p.value().mul_(3);
+        if (p.key().find("v_proj") != std::string::npos) p.value().mul_(16);
+      }
+    }
+    const auto vocab = data::Vocab::from_text("abcdefghijklmnopqrstuvw");
+    serve::ServerOptions options;
+    options.max_context = N;
+    options.parallel = 4;
+    serve::Metrics metrics;
+    model::SamplingOptions greedy;
+    greedy.temperature = 0.0;
+    auto recompute = [&](std::vector<int64_t> seq, int64_t n, int64_t window) {  // sample.py, greedy
+      torch::NoGradGuard no_grad;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t begin = std::max<int64_t>(0, static_cast<int64_t>(seq.size()) - window);
+        auto idx = torch::tensor(std::vector<int64_t>(seq.begin() + begin, seq.end()), torch::kLong).view({1, -1});
+        seq.push_back(m->forward(idx).first.argmax(-1).item<int64_t>());
+      }
+      return seq;
+    };
+    auto shorter = m->config();
+    shorter.block_size = N;
+    model::GPT windowed(shorter);
+    if (pos == "rope") {
+      torch::NoGradGuard no_grad;
+      auto from = m->named_parameters();
+      for (auto& p : windowed->named_parameters()) p.value().copy_(from[p.key()]);
+    }
+    const std::vector<std::string> bodies = {
+        R"({"prompt": "abc", "max_tokens": 30, "n": 2, "temperature": 0})",
+        R"({"prompt": ["defghijklmnopqrs", "t"], "max_tokens": 20, "temperature": 0})",
+        R"({"prompt": "vwab", "max_tokens": 25, "temperature": 0})",
+        R"({"prompt": "hgfedcba", "max_tokens": 12, "beam": 1})"};
+    std::vector<serve::CompletionRequest> requests;
+    std::vector<std::map<int64_t, std::string>> expected(bodies.size());
+    int64_t other_than_block_size = 0;
+    for (size_t r = 0; r < bodies.size(); ++r) {
+      const auto request = serve::parse_completion_request(bodies[r], vocab, options);
+      for (size_t p = 0; p < request.prompts.size(); ++p) {
+        const auto& prompt = request.prompts[p];
+        const auto all = pos == "rope" && request.beam == 0 ? reference(windowed, prompt, request.max_tokens, greedy, 1)
+                                                            : recompute(prompt, request.max_tokens, N);
+        const std::string text = vocab.decode(std::vector<int64_t>(all.begin() + prompt.size(), all.end()));
+        if (all != recompute(prompt, request.max_tokens, m->config().block_size)) ++other_than_block_size;
+        for (int64_t i = 0; i < request.n; ++i) expected[r][static_cast<int64_t>(p) * request.n + i] = text;
+      }
+      requests.push_back(request);
+    }
+    EXPECT_GT(other_than_block_size, 0) << "every text of a window of " << N << " is block_size's";
+    serve::Batcher batcher(m, vocab, options, metrics);
+    std::vector<std::string> errors;
+    const auto seen = run_joining(batcher, requests, &errors);
+    for (size_t r = 0; r < requests.size(); ++r) {
+      EXPECT_EQ(errors[r], "");
+      for (const auto& [index, want] : expected[r]) EXPECT_EQ(seen[r].at(index).text, want) << "request " << r << " choice " << index;
+    }
+  }
+}
 
 // A GPU server (fp32; TF32 is off for LibTorch's fp32 products unless asked) against the library on
 // the CPU: greedy text and its logprobs, streamed and not, a stop string, greedy text alone and
