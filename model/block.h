@@ -1,4 +1,5 @@
-// A pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+// A pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)). On a GPU the residual adds
+// run fused with the dropout and norm after them (model/norm.h's residual_add_norm).
 #pragma once
 
 #include <torch/torch.h>

@@ -8,8 +8,24 @@
 
 #include "model/fast/cross_entropy.h"
 #include "model/fast/linear.h"
+#include "runtime/cuda_plugin.h"
 
 namespace nanogpt::model {
+namespace {
+
+// The mean cross-entropy in fp32 from bf16 / fp16 logits, without an fp32 copy of them: on a GPU the
+// CUDA plugin's kernel (model/cuda/cross_entropy_kernel.h), on the CPU one fused pass per row
+// (model/fast/cross_entropy.h), elsewhere LibTorch's.
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  const runtime::CudaPlugin* plugin = logits.is_cuda() ? runtime::cuda_plugin() : nullptr;
+  if (plugin && plugin->cross_entropy) {
+    auto loss = plugin->cross_entropy(logits, targets);
+    if (loss.defined()) return loss;  // else a dtype it has no kernel for
+  }
+  return cross_entropy(logits, targets);
+}
+
+}  // namespace
 
 GPTImpl::GPTImpl(const ModelConfig& config, bool initialise) : config_(config) {
   config_.validate();
@@ -101,8 +117,7 @@ std::pair<torch::Tensor, torch::Tensor> GPTImpl::forward(const torch::Tensor& id
   }
   auto logits = head(x);  // (B, T, V)
   const int64_t V = logits.size(-1);
-  // fp32 loss from bf16 / fp16 logits; on the CPU one fused pass per row (model/fast/cross_entropy.h)
-  auto loss = cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}));  // (B*T, V), (B*T,) -> scalar
+  auto loss = next_token_loss(logits.reshape({-1, V}), targets.reshape({-1}));  // (B*T, V), (B*T,) -> scalar
   return {logits, loss};
 }
 

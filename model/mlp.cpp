@@ -75,7 +75,9 @@ MLPImpl::MLPImpl(const ModelConfig& config, Fill fill) : activation_(config.mlp)
   dropout = register_module("dropout", Dropout(config.dropout));
 }
 
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return dropout(project(x)); }  // (B, T, C)
+
+torch::Tensor MLPImpl::project(const torch::Tensor& x) {
   auto h = dense(x, c_fc->weight, c_fc->bias);  // (B, T, H), swiglu (B, T, 2H)
   torch::Tensor y;
   if (torch::GradMode::is_enabled() && is_training() && h.numel() >= kRecomputeMinValues) {
@@ -86,7 +88,7 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   } else {
     y = dense(mlp_activation(activation_, h), c_proj->weight, c_proj->bias, Result::kWide);  // joins the residual
   }
-  return dropout(y);  // (B, T, C)
+  return y;  // (B, T, C)
 }
 
 }  // namespace nanogpt::model

@@ -23,6 +23,11 @@ class MLPImpl : public torch::nn::Module {
   /// x (B, T, C) -> (B, T, C). In training, when c_fc's output h has at least kRecomputeMinValues
   /// values, the activation's output is not kept for backward but recomputed there from h.
   torch::Tensor forward(const torch::Tensor& x);
+  /// forward without its dropout: c_proj's output (B, T, C), for a caller that fuses the dropout with
+  /// the residual add after it (model/block.cpp on a GPU).
+  torch::Tensor project(const torch::Tensor& x);
+  /// The dropout forward applies now (0 outside training).
+  double dropout_p() const { return dropout->active_p(); }
 
   /// Below this (4M values, 8 MB in bf16) the memory is not worth the extra pass: the Tang CPU
   /// config's 0.8M-value activations cost 0.7 ms of a 42 ms step to recompute; the full preset's

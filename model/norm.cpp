@@ -1,6 +1,9 @@
 // LayerNorm / RMSNorm (see norm.h).
 #include "model/norm.h"
 
+#include "model/fast/dropout.h"
+#include "runtime/cuda_plugin.h"
+
 namespace nanogpt::model {
 
 NormImpl::NormImpl(const std::string& kind, int64_t n_embd, bool bias, double eps)
@@ -15,6 +18,18 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   auto xf = x.to(torch::kFloat);
   auto inv_rms = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);  // (..., 1)
   return (xf * inv_rms).to(x.scalar_type()) * weight;
+}
+
+std::pair<torch::Tensor, torch::Tensor> residual_add_norm(const torch::Tensor& x, const torch::Tensor& y, double p,
+                                                          NormImpl* norm) {
+  const runtime::CudaPlugin* plugin = x.is_cuda() ? runtime::cuda_plugin() : nullptr;
+  if (plugin && plugin->residual_dropout_norm) {
+    auto fused = norm ? plugin->residual_dropout_norm(x, y, p, {}, norm->weight, norm->bias, norm->epsilon(), norm->is_rms())
+                      : plugin->residual_dropout_norm(x, y, p, {}, {}, {}, 0.0, false);
+    if (fused.first.defined()) return fused;  // else a dtype or width it has no kernel for
+  }
+  auto h = x + fast_dropout(y, p, p > 0);                                  // (..., C)
+  return {h, norm ? norm->forward(h) : torch::Tensor()};
 }
 
 }  // namespace nanogpt::model

@@ -74,6 +74,20 @@ struct CudaPlugin {
   /// differentiable w.r.t. x. Undefined tensors for an x it does not take (another dtype).
   std::pair<at::Tensor, at::Tensor> (*rope_rotate_split)(const at::Tensor& x, const at::Tensor& cos2,
                                                          const at::Tensor& sin2, int64_t start, int64_t n_first);
+  // (model/cuda/residual_norm_kernel.h)
+  /// A block's residual add, dropout and norm in one kernel, for model::residual_add_norm on CUDA
+  /// tensors: {h, n} = {x + dropout_p(y), LayerNorm or RMSNorm of h (when weight is defined)}, fp32;
+  /// the mask drawn from the device's generator (graph-safe), or from rng = {seed, offset} when
+  /// given, and drawn again in backward. Differentiable w.r.t. x, y, weight and bias. Undefined
+  /// tensors for inputs it does not take.
+  std::pair<at::Tensor, at::Tensor> (*residual_dropout_norm)(const at::Tensor& x, const at::Tensor& y, double p,
+                                                             const at::Tensor& rng, const at::Tensor& weight,
+                                                             const at::Tensor& bias, double eps, bool rms);
+  // (model/cuda/cross_entropy_kernel.h)
+  /// The mean cross-entropy of logits (N, V) fp32 / bf16 / fp16 against targets (N,) (-100 ignored),
+  /// an fp32 scalar, summed in fp32 without an fp32 copy of the logits; differentiable w.r.t. the
+  /// logits, the gradient in their dtype. Undefined for logits it does not take.
+  at::Tensor (*cross_entropy)(const at::Tensor& logits, const at::Tensor& targets);
 };
 
 /// Loads the plugin (and so libtorch_cuda.so) when `device_name` may use a GPU: "cuda", "cuda:N",

@@ -665,3 +665,327 @@ TEST(CudaRope, OneKernelMatchesTheThreeKernelsOnTheGpu) {
   auto x = torch::randn({2, 20, 6, 8}, torch::TensorOptions().device(torch::kCUDA));
   EXPECT_TRUE(torch::allclose(rope.apply(x, 7), rope.apply_reference(x, 7), 1e-6, 1e-6));
 }
+
+namespace {
+
+// The residual add + dropout + norm's CPU form, the GPU's kernel, or either through the plugin.
+using ResidualNorm = std::function<std::pair<torch::Tensor, torch::Tensor>(
+    const torch::Tensor& x, const torch::Tensor& y, double p, const torch::Tensor& rng, const torch::Tensor& weight,
+    const torch::Tensor& bias, double eps, bool rms)>;
+
+// {seed, offset} as the plugin's entry takes them.
+torch::Tensor rng_of(uint64_t seed, uint64_t offset) {
+  return torch::tensor({static_cast<int64_t>(seed), static_cast<int64_t>(offset)}, torch::kLong);
+}
+
+// The keep mask (1 kept, 0 dropped) that `fused` draws for (seed, offset) over a tensor of `sizes`:
+// h = 0 + dropout(1) is 1 / (1 - p) where kept.
+torch::Tensor dropout_mask(const ResidualNorm& fused, torch::IntArrayRef sizes, double p, const torch::Tensor& rng,
+                           torch::Device device) {
+  const auto opts = torch::TensorOptions().device(device);
+  auto h = fused(torch::zeros(sizes, opts), torch::ones(sizes, opts), p, rng, {}, {}, 0.0, false).first;
+  return h.ne(0).to(torch::kFloat);
+}
+
+// `fused` against the unfused ops it replaces on `device` (h = x + y * mask / (1 - p), then LibTorch's
+// layer_norm or the lesson's RMSNorm, differentiated by autograd), with the mask `fused` draws: h, n
+// and the gradients of x, y, weight and bias, for y in fp32, bf16 and fp16, with and without dropout,
+// LayerNorm with and without bias, RMSNorm and no norm, widths from one warp's 4 columns a lane to
+// 1,024, and with the gradient of h or of n missing. h and n within 1e-6 (and 1e-6 of the value), the
+// gradients, which hold sums, within 1e-5; the gradient of a bf16 / fp16 y within one unit in its
+// last place besides: both sides round nearly equal fp32 values once.
+void expect_residual_norm_matches_unfused(torch::Device device, const ResidualNorm& fused) {
+  struct Case {
+    const char* norm;  // layernorm | layernorm_nobias | rmsnorm | none
+    int64_t C;
+    double p;
+  };
+  const std::vector<Case> cases = {{"layernorm", 64, 0.0},    {"layernorm", 384, 0.2},   {"layernorm_nobias", 128, 0.1},
+                                   {"rmsnorm", 256, 0.0},     {"rmsnorm", 512, 0.3},     {"none", 384, 0.2},
+                                   {"layernorm", 1024, 0.2},  {"layernorm", 132, 0.0}};
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (const Case& c : cases) {
+      for (int missing = 0; missing < 3; ++missing) {  // 0: both gradients, 1: no gradient of h, 2: none of n
+        const bool norm = std::string(c.norm) != "none", rms = std::string(c.norm) == "rmsnorm",
+                   bias = std::string(c.norm) == "layernorm";
+        if (!norm && missing > 0) continue;
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " on " + device.str() + ": " + c.norm + ", C " +
+                     std::to_string(c.C) + ", p " + std::to_string(c.p) +
+                     (missing == 1 ? ", no gradient of h" : missing == 2 ? ", no gradient of n" : ""));
+        torch::manual_seed(11);
+        const auto f32 = torch::TensorOptions().device(device);
+        const int64_t B = 3, T = 5, C = c.C;
+        const auto x0 = torch::randn({B, T, C}, f32), y0 = torch::randn({B, T, C}, f32).to(dtype);
+        const auto w0 = 1 + 0.1 * torch::randn({C}, f32), b0 = 0.1 * torch::randn({C}, f32);
+        const auto gh = torch::randn({B, T, C}, f32), gn = torch::randn({B, T, C}, f32);
+        const double eps = 1e-5;
+        const auto rng = rng_of(0x1234567890ABCDEFULL, 8);
+        const auto mask = dropout_mask(fused, {B, T, C}, c.p, rng, device);
+        if (c.p == 0) {
+          EXPECT_TRUE(mask.eq(1).all().item<bool>()) << "dropped without dropout";
+        }
+
+        // h, n and the gradients of x, y, weight, bias (undefined where none), by `run`.
+        using Run = std::function<std::pair<torch::Tensor, torch::Tensor>(const torch::Tensor&, const torch::Tensor&,
+                                                                          const torch::Tensor&, const torch::Tensor&)>;
+        auto outputs = [&](const Run& run) {
+          auto x = x0.clone().requires_grad_(true), y = y0.clone().requires_grad_(true);
+          auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+          auto [h, n] = run(x, y, norm ? w : torch::Tensor(), bias ? b : torch::Tensor());
+          std::vector<torch::Tensor> outs{h}, grads{gh};
+          if (norm) outs.push_back(n), grads.push_back(gn);
+          if (missing == 1) outs.erase(outs.begin()), grads.erase(grads.begin());
+          if (missing == 2) outs.pop_back(), grads.pop_back();
+          torch::autograd::backward(outs, grads);
+          std::vector<torch::Tensor> got{h.detach(), norm ? n.detach() : torch::Tensor(), x.grad(), y.grad().to(torch::kFloat)};
+          if (norm) got.push_back(w.grad());
+          if (bias) got.push_back(b.grad());
+          return got;
+        };
+        const Run kernel = [&](const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& w,
+                               const torch::Tensor& b) { return fused(x, y, c.p, rng, w, b, eps, rms); };
+        const Run unfused = [&](const torch::Tensor& x, const torch::Tensor& y, const torch::Tensor& w,
+                                const torch::Tensor& b) {
+          const float scale = static_cast<float>(1.0 / (1.0 - c.p));
+          auto h = c.p > 0 ? x + y.to(torch::kFloat) * mask * scale : x + y;  // (B, T, C) fp32
+          torch::Tensor n;
+          if (rms) n = h * torch::rsqrt(h.pow(2).mean(-1, true) + eps) * w;
+          else if (norm) n = torch::layer_norm(h, {C}, w, b, eps);
+          return std::make_pair(h, n);
+        };
+        const auto got = outputs(kernel), want = outputs(unfused);
+        const char* names[] = {"h", "n", "dx", "dy", "dw", "db"};
+        for (size_t i = 0; i < want.size(); ++i) {
+          if (!want[i].defined()) continue;
+          ASSERT_TRUE(got[i].defined()) << names[i];
+          const double rounding = i == 3 && dtype == torch::kBFloat16 ? 1.0 / 128 : i == 3 && dtype == torch::kHalf ? 1.0 / 1024 : 0.0;
+          // The gradients hold sums over C columns (dx, dy) or B * T rows (dw, db) taken in another order
+          // than LibTorch's: a few fp32 roundings of terms ~1.
+          const double fp32 = i >= 2 ? 1e-5 : 1e-6;
+          const auto diff = (got[i] - want[i]).abs();
+          EXPECT_TRUE((diff <= want[i].abs() * (rounding + fp32) + fp32).all().item<bool>())
+              << names[i] << ": max |kernel - unfused| " << diff.max().item<double>();
+        }
+      }
+    }
+  }
+}
+
+ResidualNorm through(const runtime::CudaPlugin* plugin) {
+  return [plugin](const torch::Tensor& x, const torch::Tensor& y, double p, const torch::Tensor& rng,
+                  const torch::Tensor& weight, const torch::Tensor& bias, double eps, bool rms) {
+    return plugin->residual_dropout_norm(x, y, p, rng, weight, bias, eps, rms);
+  };
+}
+
+}  // namespace
+
+// The plugin's residual add + dropout + norm on CPU tensors runs the kernels' own lines
+// (residual_norm_kernel_math.h) in a host loop, and the same autograd wrapper: all but the launch.
+TEST(CudaResidualNorm, TheKernelsArithmeticMatchesTheUnfusedOpsOnTheCpu) {
+  std::string why;
+  const runtime::CudaPlugin* plugin = load_plugin(&why);
+  if (!plugin) GTEST_SKIP() << why;
+  expect_residual_norm_matches_unfused(torch::kCPU, through(plugin));
+}
+
+// The mask is Philox4x32-10 (Random123's known answer: counter 0, key 0 gives 6627e8d5 e169c58d
+// bc57ac4c 9b00dbd8, i.e. 0.399, 0.881, 0.736, 0.605 of 2³²) compared with p 2³²; it drops a p share
+// of elements, is the same for the same (seed, offset), and another for another offset or seed.
+TEST(CudaResidualNorm, TheDropoutMaskIsPhiloxAtSeedOffsetAndIndex) {
+  std::string why;
+  const runtime::CudaPlugin* plugin = load_plugin(&why);
+  if (!plugin) GTEST_SKIP() << why;
+  const auto fused = through(plugin);
+  const auto zero_key = rng_of(0xFFFFFFFF00000000ULL, 0);  // key (seed_lo, seed_hi ^ ~0) = (0, 0)
+  const std::vector<std::pair<double, std::vector<float>>> expected = {
+      {0.3, {1, 1, 1, 1}}, {0.5, {0, 1, 1, 1}}, {0.7, {0, 1, 1, 0}}, {0.85, {0, 1, 0, 0}}, {0.9, {0, 0, 0, 0}}};
+  for (const auto& [p, kept] : expected)
+    EXPECT_TRUE(torch::equal(dropout_mask(fused, {1, 4}, p, zero_key, torch::kCPU), torch::tensor(kept).view({1, 4})))
+        << "p " << p << ": " << dropout_mask(fused, {1, 4}, p, zero_key, torch::kCPU);
+
+  const auto a = dropout_mask(fused, {64, 1024}, 0.2, rng_of(42, 0), torch::kCPU);
+  EXPECT_NEAR(1.0 - a.mean().item<double>(), 0.2, 0.01);
+  EXPECT_TRUE(torch::equal(a, dropout_mask(fused, {64, 1024}, 0.2, rng_of(42, 0), torch::kCPU)));
+  EXPECT_FALSE(torch::equal(a, dropout_mask(fused, {64, 1024}, 0.2, rng_of(42, 4), torch::kCPU)));
+  EXPECT_FALSE(torch::equal(a, dropout_mask(fused, {64, 1024}, 0.2, rng_of(43, 0), torch::kCPU)));
+  EXPECT_LT(a.view({64, 1024}).ne(a.view({64, 1024}).roll(1, 0)).to(torch::kFloat).mean().item<double>(), 0.4)
+      << "rows' masks too alike to be independent";  // two independent masks at p 0.2 differ in 32 %
+}
+
+TEST(CudaResidualNorm, InputsItDoesNotTakeAreLeftToTheCaller) {
+  std::string why;
+  const runtime::CudaPlugin* plugin = load_plugin(&why);
+  if (!plugin) GTEST_SKIP() << why;
+  const auto x = torch::randn({2, 3, 8}), w = torch::ones({8});
+  EXPECT_FALSE(plugin->residual_dropout_norm(x.to(torch::kDouble), x, 0, {}, w, {}, 1e-5, false).first.defined()) << "fp64 x";
+  EXPECT_FALSE(plugin->residual_dropout_norm(x.to(torch::kBFloat16), x, 0, {}, w, {}, 1e-5, false).first.defined()) << "bf16 x";
+  const auto odd = torch::randn({2, 3, 6});
+  EXPECT_FALSE(plugin->residual_dropout_norm(odd, odd, 0, {}, torch::ones({6}), {}, 1e-5, false).first.defined()) << "C 6";
+  const auto wide = torch::randn({1, 2, 1028});
+  EXPECT_FALSE(plugin->residual_dropout_norm(wide, wide, 0, {}, torch::ones({1028}), {}, 1e-5, false).first.defined()) << "C 1028";
+  try {
+    plugin->residual_dropout_norm(x, x, 0.2, {}, w, {}, 1e-5, false);
+    FAIL() << "dropout on the host without a seed was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[model] residual norm kernel"), std::string::npos) << e.what();
+  }
+}
+
+// On a GPU: the kernels against the unfused ops, the GPU's mask equal to the CPU form's for the same
+// (seed, offset), and the generator's masks: fresh each call, the same after the same manual_seed, and
+// the same in backward as in forward (dy is zero exactly where h dropped y).
+TEST(CudaResidualNorm, OneKernelMatchesTheUnfusedOpsOnTheGpu) {
+  REQUIRE_GPU();
+  runtime::resolve_device("cuda");  // loads the plugin
+  const runtime::CudaPlugin* plugin = runtime::cuda_plugin();
+  ASSERT_NE(plugin, nullptr);
+  const auto fused = through(plugin);
+  expect_residual_norm_matches_unfused(torch::kCUDA, fused);
+  const auto rng = rng_of(977, 12);
+  EXPECT_TRUE(torch::equal(dropout_mask(fused, {48, 384}, 0.2, rng, torch::kCUDA).cpu(),
+                           dropout_mask(fused, {48, 384}, 0.2, rng, torch::kCPU)));
+
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  torch::manual_seed(5);
+  const auto first = dropout_mask(fused, {48, 384}, 0.2, {}, torch::kCUDA),
+             second = dropout_mask(fused, {48, 384}, 0.2, {}, torch::kCUDA);
+  EXPECT_FALSE(torch::equal(first, second)) << "the generator's offset did not move";
+  torch::manual_seed(5);
+  EXPECT_TRUE(torch::equal(first, dropout_mask(fused, {48, 384}, 0.2, {}, torch::kCUDA)));
+  auto y = torch::randn({48, 384}, opts).requires_grad_(true);
+  auto h = plugin->residual_dropout_norm(torch::zeros({48, 384}, opts), y, 0.2, {}, {}, {}, 0.0, false).first;
+  h.sum().backward();
+  EXPECT_TRUE(torch::equal(h.detach().ne(0), y.grad().ne(0))) << "backward dropped other elements than forward";
+}
+
+// A block on the GPU (its residual adds fused) computes what the same block computes on the CPU
+// (the lesson's ops), forward and backward, without dropout.
+TEST(CudaResidualNorm, ABlockOnTheGpuMatchesItsCpuForm) {
+  REQUIRE_GPU();
+  runtime::resolve_device("cuda");
+  for (const char* norm : {"layernorm", "rmsnorm"}) {
+    SCOPED_TRACE(norm);
+    model::ModelConfig config;
+    config.n_layer = 1;
+    config.n_head = 4;
+    config.n_embd = 64;
+    config.block_size = 16;
+    config.vocab_size = 32;
+    config.dropout = 0.0;
+    config.norm = norm;
+    config.pos_encoding = "learned";  // no rotary tables to pass
+    at::globalContext().setAllowTF32CuBLAS(false);  // fp32 products on both sides
+    torch::manual_seed(3);
+    model::Block cpu(config);
+    model::Block gpu(config);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& item : gpu->named_parameters()) item.value().copy_(cpu->named_parameters()[item.key()]);
+    }
+    gpu->to(torch::kCUDA);
+    model::AttentionContext ctx;
+    auto x = torch::randn({2, 16, 64}), g = torch::randn({2, 16, 64});
+    auto xc = x.clone().requires_grad_(true), xg = x.cuda().requires_grad_(true);
+    auto yc = cpu->forward(xc, ctx), yg = gpu->forward(xg, ctx);
+    (yc * g).sum().backward();
+    (yg * g.cuda()).sum().backward();
+    EXPECT_TRUE(torch::allclose(yg.cpu(), yc, 1e-4, 1e-4)) << (yg.cpu() - yc).abs().max();
+    EXPECT_TRUE(torch::allclose(xg.grad().cpu(), xc.grad(), 1e-4, 1e-4)) << (xg.grad().cpu() - xc.grad()).abs().max();
+    for (auto& item : gpu->named_parameters())
+      EXPECT_TRUE(torch::allclose(item.value().grad().cpu(), cpu->named_parameters()[item.key()].grad(), 1e-3, 1e-4))
+          << item.key();
+  }
+}
+
+namespace {
+
+using CrossEntropy = std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& targets)>;
+
+// `fused` against LibTorch's cross_entropy on the logits in fp32 on `device`: the loss and the
+// gradient of 2.5 x loss, for fp32, bf16 and fp16 logits, small and GPT-2-sized vocabularies, rows
+// ignored (-100), and logits far from 0 (the running maximum). The loss within 1e-6 relative (bf16 and
+// fp16: 1e-5, their values summed in fp32 all the same); the gradient within 1e-6, or within one unit
+// in the last place of the logits' dtype: both sides round nearly equal fp32 gradients once.
+void expect_cross_entropy_matches_libtorch(torch::Device device, const CrossEntropy& fused) {
+  struct Case {
+    int64_t N, V;
+    double shift;
+  };
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (const Case c : {Case{37, 65, 0.0}, Case{16, 1000, 30.0}, Case{6, 50304, -10.0}}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " on " + device.str() + ": N " + std::to_string(c.N) + ", V " +
+                   std::to_string(c.V) + ", logits shifted by " + std::to_string(c.shift));
+      torch::manual_seed(13);
+      const auto opts = torch::TensorOptions().device(device);
+      const auto logits0 = (3 * torch::randn({c.N, c.V}, opts) + c.shift).to(dtype);
+      auto targets = torch::randint(0, c.V, {c.N}, opts.dtype(torch::kLong));
+      targets.index_put_({torch::arange(0, c.N, 5, opts.dtype(torch::kLong))}, -100);  // every 5th row ignored
+      auto run = [&](const CrossEntropy& loss_of) {
+        auto logits = logits0.clone().requires_grad_(true);
+        auto loss = loss_of(logits, targets);
+        (2.5 * loss).backward();
+        return std::make_pair(loss.detach(), logits.grad().to(torch::kFloat));
+      };
+      const auto [loss, grad] = run(fused);
+      const auto [want_loss, want_grad] = run([](const torch::Tensor& logits, const torch::Tensor& targets) {
+        return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), targets);
+      });
+      EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+      EXPECT_EQ(loss.dim(), 0);
+      const double loss_tolerance = dtype == torch::kFloat ? 1e-6 : 1e-5;
+      EXPECT_NEAR(loss.item<double>(), want_loss.item<double>(), loss_tolerance * std::abs(want_loss.item<double>()));
+      const double rounding = dtype == torch::kBFloat16 ? 1.0 / 128 : dtype == torch::kHalf ? 1.0 / 1024 : 0.0;
+      const auto diff = (grad - want_grad).abs();
+      EXPECT_TRUE((diff <= want_grad.abs() * (rounding + 1e-6) + 1e-6).all().item<bool>())
+          << "max |kernel - LibTorch| " << diff.max().item<double>();
+    }
+  }
+  // Every row ignored: NaN, as LibTorch.
+  const auto opts = torch::TensorOptions().device(device);
+  EXPECT_TRUE(std::isnan(fused(torch::randn({3, 10}, opts), torch::full({3}, -100, opts.dtype(torch::kLong))).item<double>()));
+}
+
+}  // namespace
+
+// The plugin's cross-entropy on CPU tensors runs the kernels' own lines (cross_entropy_kernel_math.h)
+// in a host loop, and the same autograd wrapper: all but the launch.
+TEST(CudaCrossEntropy, TheKernelsArithmeticMatchesLibTorchOnTheCpu) {
+  std::string why;
+  const runtime::CudaPlugin* plugin = load_plugin(&why);
+  if (!plugin) GTEST_SKIP() << why;
+  expect_cross_entropy_matches_libtorch(torch::kCPU, plugin->cross_entropy);
+  EXPECT_FALSE(plugin->cross_entropy(torch::randn({2, 5}, torch::kDouble), torch::zeros({2}, torch::kLong)).defined())
+      << "fp64: not taken";
+  try {
+    plugin->cross_entropy(torch::randn({2, 5}), torch::zeros({3}, torch::kLong));
+    FAIL() << "3 targets for 2 rows were taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[model] cross-entropy kernel"), std::string::npos) << e.what();
+  }
+}
+
+// On a GPU: the same comparison, and no fp32 copy of the logits:
+// at V 50,304 the memory a forward and backward take beyond the bf16 logits stays under what one fp32
+// copy of them would take.
+TEST(CudaCrossEntropy, TheKernelMatchesLibTorchOnTheGpuWithoutAnFp32Copy) {
+  REQUIRE_GPU();
+  runtime::resolve_device("cuda");
+  const runtime::CudaPlugin* plugin = runtime::cuda_plugin();
+  ASSERT_NE(plugin, nullptr);
+  expect_cross_entropy_matches_libtorch(torch::kCUDA, plugin->cross_entropy);
+
+  const int64_t N = 4096, V = 50304;
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  auto logits = torch::randn({N, V}, opts.dtype(torch::kBFloat16)).requires_grad_(true);
+  const auto targets = torch::randint(0, V, {N}, opts.dtype(torch::kLong));
+  torch::cuda::synchronize();
+  int64_t before = 0, reserved = 0, peak = 0;
+  plugin->reset_peak_memory(0);
+  plugin->peak_memory(0, &before, &reserved);
+  plugin->cross_entropy(logits, targets).backward();
+  torch::cuda::synchronize();
+  plugin->peak_memory(0, &peak, &reserved);
+  const int64_t fp32_copy = N * V * 4;
+  EXPECT_LT(peak - before, fp32_copy) << "the loss took " << (peak - before) << " bytes beyond the logits";
+}

@@ -42,6 +42,8 @@ class DropoutImpl : public torch::nn::Module {
  public:
   explicit DropoutImpl(double p = 0.5) : p_(p) {}
   torch::Tensor forward(const torch::Tensor& x) { return fast_dropout(x, p_, is_training()); }
+  /// The probability forward drops an element with now: p, or 0 outside training.
+  double active_p() const { return is_training() ? p_ : 0.0; }
 
  private:
   double p_;

@@ -2,7 +2,9 @@
 // Linked against the whole of LibTorch, so opening it maps libtorch_cuda.so and its libraries.
 #include "runtime/cuda_plugin.h"
 
+#include "model/cuda/cross_entropy_kernel.h"
 #include "model/cuda/decode_graph.h"
+#include "model/cuda/residual_norm_kernel.h"
 #include "model/cuda/rope_kernel.h"
 #include "runtime/cuda/training.h"
 
@@ -56,7 +58,9 @@ const nanogpt::runtime::CudaPlugin kPlugin{compute_capability_major,
                                            nanogpt::runtime::cuda::profile,
                                            nanogpt::runtime::cuda::set_sync_debug_mode,
                                            nanogpt::model::cuda::decode_graphs,
-                                           nanogpt::model::cuda::rope_rotate_split};
+                                           nanogpt::model::cuda::rope_rotate_split,
+                                           nanogpt::model::cuda::residual_dropout_norm,
+                                           nanogpt::model::cuda::cross_entropy};
 
 }  // namespace
 
