@@ -62,6 +62,30 @@ TEST(Muon, NewtonSchulzPutsEverySingularValueInABandAroundOne) {
     }
 }
 
+// Batched: each matrix of a mixed list (two shapes, tall and wide ones of the same size, a lone one)
+// comes out as orthogonalize gives it alone — each normalised by its own norm, not the batch's — and
+// in its own orientation; a batch (k, rows, cols) likewise.
+TEST(Muon, SameShapedMatricesBatchedGiveEachOnesOwnResult) {
+  torch::manual_seed(4);
+  const std::vector<torch::Tensor> matrices = {torch::randn({32, 32}),      torch::randn({16, 64}) * 5,
+                                               torch::randn({64, 16}),      torch::randn({32, 32}) * 0.01,
+                                               torch::randn({16, 64}) * 0.3, torch::randn({8, 24})};
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(dtype == torch::kFloat ? "fp32" : "bf16");
+    const auto all = train::orthogonalize_all(matrices, dtype);
+    ASSERT_EQ(all.size(), matrices.size());
+    const double tolerance = dtype == torch::kFloat ? 1e-5 : 2e-2;  // bf16: the batched products round elsewhere
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      const auto alone = train::orthogonalize(matrices[i], dtype);
+      ASSERT_EQ(all[i].sizes(), matrices[i].sizes()) << i;
+      EXPECT_LT((all[i] - alone).abs().max().item<double>(), tolerance) << i;
+    }
+    const auto batch = torch::stack({matrices[0], matrices[3]});
+    const auto O = train::orthogonalize(batch, dtype);
+    EXPECT_LT((O[1] - train::orthogonalize(matrices[3], dtype)).abs().max().item<double>(), tolerance);
+  }
+}
+
 // One step of the optimizer with Muon on: the blocks' matrices move by
 // lr · muon_lr_scale · sqrt(max(1, rows/cols)) · NS((1-β) g + β m), with m = (1-β) g after one step
 // from zero; everything else is AdamW's first step: θ (1 - lr wd) - lr g / (|g| + ε).

@@ -208,17 +208,24 @@ void FlatAdamW::fused_step_cpu(Group& g, double lr, double bias1, double bias2) 
 }
 
 // Muon (train/muon.h): m = β m + (1-β) g; the Nesterov update u = (1-β) g + β m, orthogonalised
-// matrix by matrix and scaled by sqrt(max(1, rows / cols)); θ -= lr u.
+// matrix by matrix (same-shaped ones batched) and scaled by sqrt(max(1, rows / cols)); θ -= lr u.
 void FlatAdamW::muon_step(Group& g, double lr) {
   const double beta = options_.muon_momentum;
   g.exp_avg.lerp_(g.grad, 1.0 - beta);
   auto update = g.grad.lerp(g.exp_avg, beta);  // (numel,)
+  std::vector<torch::Tensor> updates;
   int64_t offset = 0;
   for (const auto& p : g.params) {
+    updates.push_back(update.narrow(0, offset, p.numel()).view(p.sizes()));  // (rows, cols)
+    offset += p.numel();
+  }
+  const auto orthogonal = orthogonalize_all(updates, options_.muon_dtype);
+  offset = 0;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const auto& p = g.params[i];
     const int64_t n = p.numel();
-    auto u = update.narrow(0, offset, n).view(p.sizes());  // (rows, cols)
     const double shape_scale = std::sqrt(std::max(1.0, static_cast<double>(p.size(0)) / static_cast<double>(p.size(1))));
-    g.flat.narrow(0, offset, n).add_(orthogonalize(u, options_.muon_dtype).reshape({n}), -lr * shape_scale);
+    g.flat.narrow(0, offset, n).view(p.sizes()).add_(orthogonal[i], -lr * shape_scale);
     offset += n;
   }
 }

@@ -11,10 +11,19 @@
 
 #include <torch/torch.h>
 
+#include <vector>
+
 namespace nanogpt::train {
 
-/// G (rows, cols) -> an approximation of U Vᵀ, same shape and dtype as G. `dtype` is the
-/// arithmetic of the iterations (bf16 on hardware with fast bf16 matmuls, else fp32).
+/// G (rows, cols) -> an approximation of U Vᵀ, same shape and dtype as G; or a batch G (k, rows,
+/// cols), each matrix on its own (its own norm), in batched products. `dtype` is the arithmetic of
+/// the iterations (bf16 on hardware with fast bf16 matmuls, else fp32).
 torch::Tensor orthogonalize(const torch::Tensor& G, torch::ScalarType dtype = torch::kBFloat16, int steps = 5);
+
+/// Each matrix orthogonalised as orthogonalize would, the same-shaped ones (a tall matrix counted as
+/// its transpose) stacked into one batch: a model's 4 n_layer attention matrices and 2 n_layer MLP
+/// matrices are two batches rather than 6 n_layer separate small products a step.
+std::vector<torch::Tensor> orthogonalize_all(const std::vector<torch::Tensor>& matrices,
+                                             torch::ScalarType dtype = torch::kBFloat16, int steps = 5);
 
 }  // namespace nanogpt::train
