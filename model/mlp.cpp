@@ -19,7 +19,7 @@ using torch::autograd::variable_list;
 // 50 MB per layer at the full preset in bf16, and recomputing it is one elementwise pass. The product
 // runs in h's dtype (w rounded to it, as autocast's linear would); on the CPU, for fp32 master
 // weights, it comes out in fp32 like dense()'s Result::kWide, since it joins the fp32 residual
-// stream, and dw is summed in fp32 without a bf16 rounding (mm_to_float). CUDA keeps h's dtype.
+// stream, and dw is summed in fp32 (mm_to_float: without a bf16 rounding where MKL's bf16 GEMM is fast). CUDA keeps h's dtype.
 struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
                                const std::string& kind) {

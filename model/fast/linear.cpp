@@ -4,10 +4,14 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
+#include <string>
 
 // MKL's bf16 GEMM with an fp32 result (its documented CBLAS interface, LP64 integers). LibTorch's
 // x86 builds link MKL statically and export it; declared weak, so that a LibTorch without MKL (ARM,
@@ -92,11 +96,32 @@ const torch::Tensor& kNoBias() {
 
 }  // namespace
 
+bool bf16_products_summed_in_fp32() {
+  static const bool mkl = [] {
+    if (cblas_gemm_bf16bf16f32 == nullptr) return true;  // mm_to_float widens to fp32: the same sums
+    const char* env = std::getenv("NANOGPT_BF16_GEMM");
+    const std::string choice = env ? env : "";
+    if (choice == "mkl") return true;
+    if (choice == "onednn") return false;
+    if (!choice.empty())
+      fmt::print(stderr, "[model] warning: NANOGPT_BF16_GEMM={} is neither mkl nor onednn: ignored\n", choice);
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;  // MKL's fast bf16 kernels are Intel's; elsewhere it ran ~3x slower
+#else
+    return true;
+#endif
+  }();
+  return mkl;
+}
+
 torch::Tensor mm_to_float(const torch::Tensor& a, const torch::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
-  if (cblas_gemm_bf16bf16f32 != nullptr && a.scalar_type() == torch::kBFloat16 &&
-      b.scalar_type() == torch::kBFloat16 && a.is_cpu() && b.is_cpu() && M > 0 && N > 0 && K > 0 &&
+  const bool bf16 = a.scalar_type() == torch::kBFloat16 && b.scalar_type() == torch::kBFloat16 && a.is_cpu() && b.is_cpu();
+  if (bf16 && !bf16_products_summed_in_fp32())
+    return a.mm(b).to(torch::kFloat);  // oneDNN's bf16 GEMM: summed in fp32, rounded to bf16 once
+  if (bf16 && cblas_gemm_bf16bf16f32 != nullptr && M > 0 && N > 0 && K > 0 &&
       M * K < kMaxInt && K * N < kMaxInt && M * N < kMaxInt) {
     auto ao = blas_operand(a), bo = blas_operand(b);
     const auto& ac = ao ? a : a.contiguous();

@@ -13,11 +13,19 @@ namespace nanogpt::model {
 /// and no mixed-dtype add. Outside CPU autocast both are the same.
 enum class Result { kAutocast, kWide };
 
+/// Whether mm_to_float's bf16 products are summed in fp32 and never rounded to bf16, through MKL's
+/// bf16 GEMM: on Intel CPUs (its AMX / AVX512-BF16 kernels; faster than at::mm's oneDNN call on the
+/// presets' small products, docs/perf-log.md). On other CPUs MKL's bf16 GEMM runs a slow generic path
+/// (an AMD Zen 4 with AVX512-BF16: 2.5-3x oneDNN's time at the Tang model's head), so there they go
+/// through at::mm's bf16 GEMM (oneDNN), summed in fp32 and rounded to bf16 once, as autocast's own
+/// linear rounds them. NANOGPT_BF16_GEMM=mkl or =onednn picks one on any CPU (the tests run both);
+/// a LibTorch without MKL (Arm) widens to fp32 instead (true: the same sums).
+bool bf16_products_summed_in_fp32();
+
 /// a (M, K) · b (K, N) returned in fp32, each operand row-major or the transpose of a row-major
-/// matrix (else copied). Both bf16 on the CPU: summed in fp32 and never rounded to bf16, through MKL's
-/// bf16 GEMM where LibTorch carries it (its AMX / AVX512-BF16 kernels; faster than at::mm's oneDNN
-/// call on the presets' small products, docs/perf-log.md); otherwise widened and multiplied in fp32 (the
-/// same sums: bf16 values are exact in fp32). Not differentiable.
+/// matrix (else copied). Both bf16 on the CPU: as bf16_products_summed_in_fp32() says (MKL's bf16
+/// GEMM, or oneDNN's rounded once); without MKL widened and multiplied in fp32 (the same sums: bf16
+/// values are exact in fp32). Not differentiable.
 torch::Tensor mm_to_float(const torch::Tensor& a, const torch::Tensor& b);
 
 /// a · b as `dtype`: fp32 on the CPU through mm_to_float (summed in fp32, never rounded to the
