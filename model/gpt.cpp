@@ -102,10 +102,10 @@ torch::Tensor GPTImpl::run_blocks(torch::Tensor x, int64_t start_pos, KVCache* c
   return ln_f(x);
 }
 
-torch::Tensor GPTImpl::head(const torch::Tensor& x) {
+torch::Tensor GPTImpl::head(const torch::Tensor& x, bool capped) {
   auto logits = dense(x, lm_head ? lm_head->weight : wte->weight);  // (B, T, V); tied: wte's weights
   const double cap = config_.logit_softcap;
-  if (cap > 0) logits = torch::tanh(logits / cap) * cap;  // smooth, bounded by ±cap, ≈ identity for small logits
+  if (cap > 0 && capped) logits = torch::tanh(logits / cap) * cap;  // smooth, bounded by ±cap, ≈ identity for small logits
   return logits;
 }
 
@@ -114,6 +114,13 @@ std::pair<torch::Tensor, torch::Tensor> GPTImpl::forward(const torch::Tensor& id
   if (!targets.defined()) {
     auto last = x.narrow(1, x.size(1) - 1, 1);  // (B, 1, C): only the next token matters
     return {head(last), torch::Tensor()};
+  }
+  const double cap = config_.logit_softcap;
+  if (cap > 0 && x.device().is_cpu()) {  // the cap folded into the loss's pass (model/fast/cross_entropy.h)
+    auto raw = head(x, /*capped=*/false);  // (B, T, V)
+    const int64_t V = raw.size(-1);
+    auto [loss, capped] = softcapped_cross_entropy(raw.reshape({-1, V}), targets.reshape({-1}), cap);
+    return {capped.view(raw.sizes()), loss};
   }
   auto logits = head(x);  // (B, T, V)
   const int64_t V = logits.size(-1);

@@ -26,6 +26,8 @@ class GPTImpl : public torch::nn::Module {
 
   /// idx (B, T) int64 token ids, T <= block_size.
   /// With targets (B, T): returns logits (B, T, V) and the mean cross-entropy loss (scalar, fp32).
+  /// Soft-capped on the CPU, the cap is folded into the loss's one pass and those logits carry no
+  /// gradient of their own (differentiate the loss, or take logits()).
   /// Without targets: logits of the last position only, (B, 1, V), and an undefined loss.
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& idx, const torch::Tensor& targets = {});
 
@@ -60,7 +62,7 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor embed(const torch::Tensor& idx, int64_t start_pos);  // (B, T) -> (B, T, C)
   torch::Tensor run_blocks(torch::Tensor x, int64_t start_pos, KVCache* cache, std::vector<torch::Tensor>* weights);
   void init_weights();
-  torch::Tensor head(const torch::Tensor& x);                         // (B, T, C) -> (B, T, V)
+  torch::Tensor head(const torch::Tensor& x, bool capped = true);     // (B, T, C) -> (B, T, V)
 
   ModelConfig config_;
   Embedding wte{nullptr};  // (V, C), also the output head when tied

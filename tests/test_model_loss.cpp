@@ -77,6 +77,53 @@ TEST(CrossEntropy, MatchesLibTorchInFloat32) { check_against_reference(torch::kF
 
 TEST(CrossEntropy, MatchesLibTorchInBfloat16) { check_against_reference(torch::kBFloat16, 2e-2); }
 
+// The soft-cap folded into the loss's pass against LibTorch's tanh then the plain loss: the loss, the
+// gradient w.r.t. the raw logits (through tanh's backward) and the capped logits, fp32 and bf16, with
+// ignored rows, at logits that reach the cap's bend (x 3 spread, up to ~15).
+TEST(CrossEntropy, SoftcappedMatchesTanhThenLibTorch) {
+  torch::manual_seed(2);
+  constexpr double cap = 15.0;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (int64_t V : {5, 300, 7443}) {
+      for (int64_t N : {1, 37, 1000}) {
+        auto [logits, targets] = random_batch(N, V, dtype);
+        if (N > 1) targets.index_put_({torch::indexing::Slice(0, N, 7)}, -100);  // every 7th row ignored
+        const std::string what = std::string(dtype == torch::kFloat ? "fp32" : "bf16") + ", V " + std::to_string(V) +
+                                 ", N " + std::to_string(N);
+        torch::Tensor capped;
+        const auto [loss, grad] = loss_and_grad(
+            [&](const torch::Tensor& l, const torch::Tensor& t) {
+              auto out = softcapped_cross_entropy(l, t, cap);
+              capped = out.second;
+              return out.first;
+            },
+            logits, targets);
+        torch::Tensor ref_capped;
+        const auto [ref_loss, ref_grad] = loss_and_grad(
+            [&](const torch::Tensor& l, const torch::Tensor& t) {
+              ref_capped = (torch::tanh(l.to(torch::kFloat) / cap) * cap);
+              return reference_loss(ref_capped, t);
+            },
+            logits, targets);
+        EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << what;
+        expect_close(grad, ref_grad.to(dtype), dtype == torch::kFloat ? 1e-5 : 2e-2, what + ": gradient");
+        ASSERT_EQ(capped.scalar_type(), dtype) << what;
+        EXPECT_FALSE(capped.requires_grad()) << what;
+        const double capped_tol = dtype == torch::kFloat ? 2e-6 * cap : 1.0 / 128 * cap;  // bf16: one rounding
+        EXPECT_LE((capped.to(torch::kDouble) - ref_capped.to(torch::kDouble)).abs().max().item<double>(), capped_tol)
+            << what << ": capped logits";
+        // Without a gradient: the same loss and capped logits.
+        torch::NoGradGuard no_grad;
+        const auto [eval_loss, eval_capped] = softcapped_cross_entropy(logits, targets, cap);
+        EXPECT_EQ(eval_loss.item<double>(), loss) << what;
+        EXPECT_TRUE(torch::equal(eval_capped, capped)) << what;
+      }
+    }
+  }
+  EXPECT_THROW(softcapped_cross_entropy(torch::zeros({2, 3}), torch::zeros({2}, torch::kLong), 0.0),
+               std::invalid_argument);
+}
+
 TEST(CrossEntropy, ScalesItsGradientByTheIncomingOne) {
   torch::manual_seed(2);
   const auto [logits, targets] = random_batch(19, 50, torch::kFloat);
@@ -206,6 +253,23 @@ TEST(FastMath, ExpNonpositiveMatchesFp64Within2e7Relative) {
   EXPECT_LT(exp_nonpositive(-1000.0f), 1e-37f);
   // NaN in (a non-finite logit minus the row's max) gives NaN out, so the loss shows it.
   EXPECT_TRUE(std::isnan(exp_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST(FastMath, TanhMatchesFp64Within1e6Relative) {
+  double worst = 0.0;
+  for (double y = -30.0; y <= 30.0; y += 1e-3) {
+    const float f = static_cast<float>(y);
+    const double want = std::tanh(static_cast<double>(f));
+    if (want != 0.0) worst = std::max(worst, std::abs(tanh_float(f) - want) / std::abs(want));
+  }
+  for (double y = 1e-30; y < 1.0; y *= 1.1) {  // tiny arguments: the series' side of the switch
+    const float f = static_cast<float>(y);
+    worst = std::max(worst, std::abs(tanh_float(-f) + std::tanh(static_cast<double>(f))) / std::tanh(static_cast<double>(f)));
+  }
+  EXPECT_LE(worst, 1e-6);
+  EXPECT_EQ(tanh_float(0.0f), 0.0f);
+  EXPECT_EQ(tanh_float(100.0f), 1.0f);
+  EXPECT_EQ(tanh_float(-100.0f), -1.0f);
 }
 
 TEST(FastMath, GeluErfMatchesTheExactGelu) {

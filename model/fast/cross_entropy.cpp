@@ -43,6 +43,23 @@ _Pragma("omp simd")
   for (int64_t i = 0; i < n; ++i) out[i] = e[i] * scale;
 })
 
+// z = cap tanh(x / cap), the soft-capped logits, and slope = dz/dx = 1 - (z / cap)^2; z may be x.
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, softcap_row, (const float* x, float cap, float* z, float* slope, int64_t n),
+               (x, cap, z, slope, n), {
+  const float inv_cap = 1.0f / cap;
+_Pragma("omp simd")
+  for (int64_t i = 0; i < n; ++i) {
+    const float t = tanh_float(x[i] * inv_cap);
+    z[i] = cap * t;
+    slope[i] = 1.0f - t * t;
+  }
+})
+
+NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, multiply_into, (float* e, const float* by, int64_t n), (e, by, n), {
+_Pragma("omp simd")
+  for (int64_t i = 0; i < n; ++i) e[i] *= by[i];
+})
+
 // A row of logits as fp32: fp32 rows are read in place, bf16 and fp16 rows converted into buf.
 const float* load_row(const float* row, int64_t, float*) { return row; }
 const float* load_row(const c10::BFloat16* row, int64_t V, float* buf) {
@@ -63,34 +80,57 @@ void store_row(const float* e, float scale, c10::Half* out, int64_t V) {
 }
 
 // Rows [begin, end): row_loss[i] = logsumexp(x_i) - x_i[t_i] (0 for ignored rows) and, when grad
-// is given, grad_i = (softmax(x_i) - one_hot(t_i)) * inv_count (zero for ignored rows).
+// is given, grad_i = (softmax(x_i) - one_hot(t_i)) * inv_count (zero for ignored rows). With cap > 0,
+// x_i is the soft-capped row z_i = cap tanh(logits_i / cap), written to capped, and the gradient
+// w.r.t. the raw logits carries the cap's slope 1 - (z / cap)^2.
 template <typename T>
-void loss_rows(const T* logits, const int64_t* targets, int64_t V, float inv_count, int64_t begin, int64_t end,
-               float* row_loss, T* grad) {
+void loss_rows(const T* logits, const int64_t* targets, int64_t V, float inv_count, float cap, int64_t begin,
+               int64_t end, float* row_loss, T* grad, T* capped) {
   std::vector<float> buf(static_cast<size_t>(V));  // (V,) fp32 row, then its exponentials
+  std::vector<float> slope(cap > 0.0f ? static_cast<size_t>(V) : 0);
   for (int64_t i = begin; i < end; ++i) {
     const int64_t t = targets[i];
     T* grad_row = grad ? grad + i * V : nullptr;
-    if (t == kIgnoreIndex) {
+    if (t == kIgnoreIndex && cap <= 0.0f) {
       row_loss[i] = 0.0f;
       if (grad_row) std::fill(grad_row, grad_row + V, static_cast<T>(0.0f));
       continue;
     }
     const float* x = load_row(logits + i * V, V, buf.data());
+    if (cap > 0.0f) {
+      softcap_row(x, cap, buf.data(), slope.data(), V);  // buf = z
+      x = buf.data();
+      store_row(x, 1.0f, capped + i * V, V);
+      if (t == kIgnoreIndex) {
+        row_loss[i] = 0.0f;
+        if (grad_row) std::fill(grad_row, grad_row + V, static_cast<T>(0.0f));
+        continue;
+      }
+    }
     const float x_t = x[t];                            // before buf turns into exponentials
     const float m = row_max(x, V);                         // shift: exp never overflows
     const float sum = row_exp_shifted_sum(x, m, buf.data(), V);  // buf = exp(x - m)
     row_loss[i] = m + std::log(sum) - x_t;
     if (!grad_row) continue;
     const float scale = inv_count / sum;  // softmax / count in one multiply
+    float grad_t = buf[t] * scale - inv_count;
+    if (cap > 0.0f) {
+      grad_t *= slope[t];
+      multiply_into(buf.data(), slope.data(), V);
+    }
     store_row(buf.data(), scale, grad_row, V);
-    grad_row[t] = static_cast<T>(buf[t] * scale - inv_count);
+    grad_row[t] = static_cast<T>(grad_t);
   }
 }
 
-// The mean loss (fp32 scalar) and, with_grad, d(loss)/d(logits) (N, V) in the logits' dtype.
-std::pair<torch::Tensor, torch::Tensor> fused_forward(const torch::Tensor& logits_in, const torch::Tensor& targets_in,
-                                                      bool with_grad) {
+// What one pass gives: the mean loss (fp32 scalar); with_grad, d(loss)/d(logits) (N, V) in the
+// logits' dtype; with a cap, the capped logits (N, V) in the logits' dtype.
+struct FusedLoss {
+  torch::Tensor loss, grad, capped;
+};
+
+FusedLoss fused_forward(const torch::Tensor& logits_in, const torch::Tensor& targets_in, bool with_grad,
+                        double softcap) {
   RECORD_FUNCTION("nanogpt::cross_entropy", std::vector<c10::IValue>());  // a row in bench --profile
   const auto logits = logits_in.contiguous();
   const auto targets = targets_in.contiguous();
@@ -107,13 +147,16 @@ std::pair<torch::Tensor, torch::Tensor> fused_forward(const torch::Tensor& logit
   const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : std::numeric_limits<float>::quiet_NaN();
   std::vector<float> row_loss(static_cast<size_t>(N));
   torch::Tensor grad = with_grad ? torch::empty_like(logits) : torch::Tensor();
+  const float cap = static_cast<float>(softcap);
+  torch::Tensor capped = cap > 0.0f ? torch::empty_like(logits) : torch::Tensor();
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1));  // ~32k logits per task
   const auto run = [&](auto* tag) {  // tag: the logits' element type (fused_cross_entropy_applies' three)
     using scalar_t = std::remove_pointer_t<decltype(tag)>;
     const scalar_t* x = logits.data_ptr<scalar_t>();
     scalar_t* g = with_grad ? grad.data_ptr<scalar_t>() : nullptr;
+    scalar_t* z = cap > 0.0f ? capped.data_ptr<scalar_t>() : nullptr;
     at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-      loss_rows<scalar_t>(x, target, V, inv_count, begin, end, row_loss.data(), g);
+      loss_rows<scalar_t>(x, target, V, inv_count, cap, begin, end, row_loss.data(), g, z);
     });
   };
   if (logits.scalar_type() == torch::kFloat)
@@ -125,16 +168,19 @@ std::pair<torch::Tensor, torch::Tensor> fused_forward(const torch::Tensor& logit
   double total = 0.0;  // in row order: the same loss for any thread count
   for (float l : row_loss) total += l;
   const double mean = count > 0 ? total / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
-  return {torch::full({}, mean, logits.options().dtype(torch::kFloat)), grad};
+  return {torch::full({}, mean, logits.options().dtype(torch::kFloat)), grad, capped};
 }
 
 // Autograd node: the gradient is made in the forward pass, backward scales it.
+// With a cap, the capped logits come back as a second output without a gradient of their own.
 struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
-                               const torch::Tensor& targets) {
-    auto [loss, grad] = fused_forward(logits, targets, true);
-    ctx->saved_data["grad"] = grad;
-    return loss;
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                                                const torch::Tensor& targets, double softcap) {
+    auto out = fused_forward(logits, targets, true, softcap);
+    ctx->saved_data["grad"] = out.grad;
+    if (!out.capped.defined()) return {out.loss};
+    ctx->mark_non_differentiable({out.capped});
+    return {out.loss, out.capped};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -143,7 +189,7 @@ struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     const auto& upstream = grad_outputs[0];             // scalar
     // loss.backward() (one micro-batch per step) sends exactly 1: no pass over the (N, V) gradient.
     const bool one = upstream.device().is_cpu() && upstream.numel() == 1 && upstream.item<double>() == 1.0;
-    return {one ? grad : grad * upstream, torch::Tensor()};
+    return {one ? grad : grad * upstream, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -155,17 +201,42 @@ bool fused_cross_entropy_applies(const torch::Tensor& logits) {
          (dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kHalf);
 }
 
-torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
+namespace {
+
+void check_loss_inputs(const torch::Tensor& logits, const torch::Tensor& targets) {
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0) || logits.size(1) < 1)
     throw std::invalid_argument(fmt::format("[model] cross_entropy wants logits (N, V) and targets (N,), got {} and {}",
                                             c10::str(logits.sizes()), c10::str(targets.sizes())));
   if (targets.scalar_type() != torch::kLong)
     throw std::invalid_argument(fmt::format("[model] cross_entropy: targets must be int64, got {}",
                                             c10::toString(targets.scalar_type())));
+}
+
+}  // namespace
+
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
+  check_loss_inputs(logits, targets);
   if (!fused_cross_entropy_applies(logits) || !targets.device().is_cpu())
     return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), targets);  // fp32 loss, as on the CPU
-  if (torch::GradMode::is_enabled() && logits.requires_grad()) return FusedCrossEntropy::apply(logits, targets);
-  return fused_forward(logits, targets, false).first;
+  if (torch::GradMode::is_enabled() && logits.requires_grad()) return FusedCrossEntropy::apply(logits, targets, 0.0)[0];
+  return fused_forward(logits, targets, false, 0.0).loss;
+}
+
+std::pair<torch::Tensor, torch::Tensor> softcapped_cross_entropy(const torch::Tensor& logits,
+                                                                 const torch::Tensor& targets, double softcap) {
+  check_loss_inputs(logits, targets);
+  if (!(softcap > 0.0) || !std::isfinite(softcap))
+    throw std::invalid_argument(fmt::format("[model] softcapped_cross_entropy: the cap must be > 0, got {}", softcap));
+  if (!fused_cross_entropy_applies(logits) || !targets.device().is_cpu()) {
+    auto capped = torch::tanh(logits / softcap) * softcap;
+    return {cross_entropy(capped, targets), capped};
+  }
+  if (torch::GradMode::is_enabled() && logits.requires_grad()) {
+    auto out = FusedCrossEntropy::apply(logits, targets, softcap);
+    return {out[0], out[1]};
+  }
+  auto out = fused_forward(logits, targets, false, softcap);
+  return {out.loss, out.capped};
 }
 
 }  // namespace nanogpt::model
