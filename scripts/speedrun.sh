@@ -15,7 +15,9 @@
 # Evaluations, checkpoints and start-up are left out of both. ROUNDS (default 1) repeats everything,
 # nanoGPT and ours alternating; the last table gives each round and the median ratio.
 # Environment: THREADS (default: all cores), NANOGPT_COMPILE ("False True"), SHAKESPEARE_CONFIGS and
-# TANG_CONFIGS (our configs to try, space-separated). Run it on an otherwise idle machine.
+# TANG_CONFIGS (our configs to try, space-separated). Run it on an otherwise idle machine. To measure
+# what a CPU without AVX-512 does on one that has it, cap both programs' libraries and our kernels:
+#   ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 NANOGPT_KERNELS=avx2 scripts/speedrun.sh ...
 set -euo pipefail
 usage="usage: scripts/speedrun.sh NANOGPT_DIR [shakespeare|tang|both]"
 [[ -f ${1:?$usage}/train.py ]] || { echo "[speedrun] error: '$1' is not a nanoGPT checkout (no train.py there); $usage" >&2; exit 2; }
@@ -40,6 +42,9 @@ read -r -a configs_tang <<<"${TANG_CONFIGS:-configs/tang_poems_cpu.yaml configs/
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# torch.compile's kernels from this run only: a cache left by a run under other instruction-set caps
+# (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) crashed nanoGPT --compile=True.
+export TORCHINDUCTOR_CACHE_DIR=$work/inductor
 nanogpt_peer_workspace "$nanogpt_dir" "$work" "$py"
 [[ $corpora == *tang* ]] && nanogpt_peer_tang "$work" "$py"
 "$NANOGPT" prepare --input data/shakespeare_char/input.txt --out_dir data/shakespeare_char >/dev/null
