@@ -213,20 +213,17 @@ void FlatAdamW::muon_step(Group& g, double lr) {
   const double beta = options_.muon_momentum;
   g.exp_avg.lerp_(g.grad, 1.0 - beta);
   auto update = g.grad.lerp(g.exp_avg, beta);  // (numel,)
-  std::vector<torch::Tensor> updates;
+  std::vector<torch::Tensor> updates, weights;  // each parameter's (rows, cols) view of each
   int64_t offset = 0;
   for (const auto& p : g.params) {
-    updates.push_back(update.narrow(0, offset, p.numel()).view(p.sizes()));  // (rows, cols)
+    updates.push_back(update.narrow(0, offset, p.numel()).view(p.sizes()));
+    weights.push_back(g.flat.narrow(0, offset, p.numel()).view(p.sizes()));
     offset += p.numel();
   }
   const auto orthogonal = orthogonalize_all(updates, options_.muon_dtype);
-  offset = 0;
-  for (size_t i = 0; i < g.params.size(); ++i) {
-    const auto& p = g.params[i];
-    const int64_t n = p.numel();
-    const double shape_scale = std::sqrt(std::max(1.0, static_cast<double>(p.size(0)) / static_cast<double>(p.size(1))));
-    g.flat.narrow(0, offset, n).view(p.sizes()).add_(orthogonal[i], -lr * shape_scale);
-    offset += n;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const double rows = static_cast<double>(weights[i].size(0)), cols = static_cast<double>(weights[i].size(1));
+    weights[i].add_(orthogonal[i], -lr * std::sqrt(std::max(1.0, rows / cols)));
   }
 }
 

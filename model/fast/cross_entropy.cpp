@@ -91,22 +91,18 @@ void loss_rows(const T* logits, const int64_t* targets, int64_t V, float inv_cou
   for (int64_t i = begin; i < end; ++i) {
     const int64_t t = targets[i];
     T* grad_row = grad ? grad + i * V : nullptr;
-    if (t == kIgnoreIndex && cap <= 0.0f) {
+    const float* x = nullptr;  // the row as fp32, read unless nothing needs it (an ignored row, no cap)
+    if (cap > 0.0f) {
+      softcap_row(load_row(logits + i * V, V, buf.data()), cap, buf.data(), slope.data(), V);  // buf = z
+      x = buf.data();
+      store_row(x, 1.0f, capped + i * V, V);  // every row's z, ignored or not
+    }
+    if (t == kIgnoreIndex) {
       row_loss[i] = 0.0f;
       if (grad_row) std::fill(grad_row, grad_row + V, static_cast<T>(0.0f));
       continue;
     }
-    const float* x = load_row(logits + i * V, V, buf.data());
-    if (cap > 0.0f) {
-      softcap_row(x, cap, buf.data(), slope.data(), V);  // buf = z
-      x = buf.data();
-      store_row(x, 1.0f, capped + i * V, V);
-      if (t == kIgnoreIndex) {
-        row_loss[i] = 0.0f;
-        if (grad_row) std::fill(grad_row, grad_row + V, static_cast<T>(0.0f));
-        continue;
-      }
-    }
+    if (!x) x = load_row(logits + i * V, V, buf.data());
     const float x_t = x[t];                            // before buf turns into exponentials
     const float m = row_max(x, V);                         // shift: exp never overflows
     const float sum = row_exp_shifted_sum(x, m, buf.data(), V);  // buf = exp(x - m)
