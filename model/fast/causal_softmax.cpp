@@ -15,7 +15,7 @@ namespace {
 
 // One row's first n keys: w = softmax(scale * s), the rest of the row (T - n) zero. e is fp32 scratch.
 template <typename S>
-inline void softmax_row(const S* __restrict s, S* __restrict w, float* __restrict e, int64_t n, int64_t T, float scale) {
+NANOGPT_INLINE void softmax_row(const S* __restrict s, S* __restrict w, float* __restrict e, int64_t n, int64_t T, float scale) {
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) e[j] = scale * load_float(s[j]);
   const float inv = 1.0f / exp_shifted_sum(e, max_of(e, n), e, n);  // e = exp(e - max)
@@ -26,7 +26,7 @@ inline void softmax_row(const S* __restrict s, S* __restrict w, float* __restric
 
 // One row's gradient: ds = scale * w (dw - <w, dw>) over the first n keys, zero after.
 template <typename S>
-inline void softmax_backward_row(const S* __restrict dw, const S* __restrict w, S* __restrict ds, int64_t n,
+NANOGPT_INLINE void softmax_backward_row(const S* __restrict dw, const S* __restrict w, S* __restrict ds, int64_t n,
                                  int64_t T, float scale) {
   float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)

@@ -15,7 +15,7 @@
 namespace nanogpt::model {
 namespace {
 
-inline uint64_t splitmix64(uint64_t z) {
+NANOGPT_INLINE uint64_t splitmix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);

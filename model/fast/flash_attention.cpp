@@ -48,7 +48,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 // output so far (o, rows × hs) is rescaled to the new maximum, and s becomes the block's
 // exponentials (0 where hidden), times the dropout factors where f is given (row r's key j at
 // f[r * ldf + j]): what multiplies the values.
-inline void online_softmax_rows(float* s, int64_t rows, int64_t cols, int64_t ld, int64_t i0, int64_t j0, float* m,
+NANOGPT_INLINE void online_softmax_rows(float* s, int64_t rows, int64_t cols, int64_t ld, int64_t i0, int64_t j0, float* m,
                                 float* l, float* o, int64_t hs, const float* f, int64_t ldf) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
@@ -74,7 +74,7 @@ inline void online_softmax_rows(float* s, int64_t rows, int64_t cols, int64_t ld
 // Backward's block: s holds the scores (scaled), dp the gradient of the dropped weights (dy vᵀ).
 // With w = exp(s - lse) the weights, s becomes the dropped weights w f and dp the scores' gradient
 // scale w (f dp - D), D = the row's dy · y (FlashAttention-2's form of <w, dw>); 0 where hidden.
-inline void softmax_grad_rows(float* s, float* dp, int64_t rows, int64_t cols, int64_t ld, int64_t i0, int64_t j0,
+NANOGPT_INLINE void softmax_grad_rows(float* s, float* dp, int64_t rows, int64_t cols, int64_t ld, int64_t i0, int64_t j0,
                               const float* lse, const float* D, const float* f, int64_t ldf, float scale) {
   for (int64_t r = 0; r < rows; ++r) {
     float *srow = s + r * ld, *dprow = dp + r * ld;

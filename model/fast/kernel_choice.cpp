@@ -11,7 +11,7 @@ namespace {
 
 struct KernelChoice {
   bool clones = true;        // each loop's widest clone (or AVX2 build), not its baseline build
-  bool clones_avx2 = false;  // each loop's AVX2 build in place of a wider clone
+  bool clones_avx2 = false;  // each loop's AVX2 + FMA build in place of a clone
   bool avx2 = false;         // AVX2 + FMA intrinsics
   bool avx512 = false;       // AVX-512F intrinsics
   bool bf16 = false;         // AVX512-BF16
@@ -35,11 +35,9 @@ const KernelChoice& kernel_choice() {
     __builtin_cpu_init();
     c.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     const bool avx512 = __builtin_cpu_supports("avx512f");
-    if (cap == "avx2") {
-      c.clones_avx2 = avx512;  // (a CPU without AVX-512 picks that clone itself)
-      return c;
-    }
-    if (!avx512) return c;
+    // The loops' AVX2 + FMA builds on a CPU with both and no AVX-512 (the clones have AVX2 or FMA).
+    c.clones_avx2 = c.avx2 && (cap == "avx2" || !avx512);
+    if (cap == "avx2" || !avx512) return c;
     c.avx512 = true;
     if (cap == "avx512f") return c;
     c.bf16 = __builtin_cpu_supports("avx512bf16");

@@ -26,8 +26,8 @@ bool vnni_kernels();
 /// Whether a loop built for several instruction sets (simd.h's NANOGPT_KERNEL) runs the clone the
 /// CPU picks or its AVX2 build (true), or its baseline build (NANOGPT_KERNELS=portable).
 bool simd_kernels();
-/// Whether such a loop runs its AVX2 build, the clone an AVX2 + FMA CPU picks, in place of the one
-/// this CPU picks: NANOGPT_KERNELS=avx2 on a CPU with AVX-512.
+/// Whether such a loop runs its AVX2 + FMA build in place of a clone: on a CPU with both and without
+/// AVX-512, and under NANOGPT_KERNELS=avx2 on one with AVX-512.
 bool simd_capped_at_avx2();
 
 }  // namespace nanogpt::model
