@@ -199,13 +199,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
   //      preset: 150 MB per layer), in one chunk whose weights are kept below that.
   //      `flash` (model/fast/flash_attention.h) is FlashAttention's blocked online softmax on the CPU
   //      (no (T, T) tensor at all, causal blocks skipped, dropout inside); on other devices, or with
-  //      a KV cache, it is sdpa. `auto` trains with it from T = 128 on, where it beats chunked.
+  //      a KV cache, it is sdpa. `auto` trains with it where it beats chunked: in fp32, and in bf16
+  //      from T = 128 on (flash_attention_trains).
   const int64_t Tk = k.size(2);
   const bool cpu_training = x.device().is_cpu() && is_training() && torch::GradMode::is_enabled();
   const bool flash_fits = !ctx.weights && T == Tk && x.device().is_cpu() &&
                           (v.scalar_type() == torch::kFloat || v.scalar_type() == torch::kBFloat16);
   const bool flash = flash_fits && (attention_ == "flash" ||
-                                    (attention_ == "auto" && cpu_training && T >= kFlashAttentionFromT));
+                                    (attention_ == "auto" && cpu_training && flash_attention_trains(T, v.scalar_type())));
   const bool fused = !flash && !ctx.weights &&
                      (attention_ == "sdpa" || attention_ == "flash" || (attention_ == "auto" && !cpu_training));
   const int64_t chunk_pairs = attention_chunk_pairs(T, Tk);

@@ -142,15 +142,17 @@ TEST(Attention, WeightsRowsSumToOneAndAreCausal) {
 
 using nanogpt::testing::relative_error;
 
-// `attention: auto` trains on the CPU with chunked attention (model/fast/chunked_attention.h: the
-// math path's arithmetic with a fused causal softmax) and evaluates with the fused kernels: its logits
-// equal chunked's bit for bit in training (grad on), and sdpa's in evaluation (no grad).
-TEST(Attention, AutoTrainsChunkedAndEvaluatesWithSdpaOnTheCpu) {
+// `attention: auto` trains on the CPU in fp32 at this length with flash attention
+// (model/fast/flash_attention.h; in bf16 it would be chunked, test_model_flash_attention.cpp) and
+// evaluates with the fused kernels: its logits equal flash's bit for bit in training (grad on), and
+// sdpa's in evaluation (no grad). Chunked attention (the math path's arithmetic with a fused causal
+// softmax) trains as the math path does.
+TEST(Attention, AutoTrainsWithFlashAndEvaluatesWithSdpaOnTheCpu) {
   auto cfg = tiny();
   cfg.block_size = 32;
-  GPT models[4] = {GPT(nullptr), GPT(nullptr), GPT(nullptr), GPT(nullptr)};
-  const char* kinds[4] = {"auto", "chunked", "sdpa", "math"};
-  for (int m = 0; m < 4; ++m) {
+  GPT models[5] = {GPT(nullptr), GPT(nullptr), GPT(nullptr), GPT(nullptr), GPT(nullptr)};
+  const char* kinds[5] = {"auto", "chunked", "sdpa", "math", "flash"};
+  for (int m = 0; m < 5; ++m) {
     cfg.attention = kinds[m];
     torch::manual_seed(5);
     models[m] = GPT(cfg);
@@ -163,10 +165,11 @@ TEST(Attention, AutoTrainsChunkedAndEvaluatesWithSdpaOnTheCpu) {
     return model->logits(idx);
   };
   const auto auto_train = logits(models[0], true), chunked_train = logits(models[1], true),
-             math_train = logits(models[3], true);
+             math_train = logits(models[3], true), flash_train = logits(models[4], true);
   const auto auto_eval = logits(models[0], false), sdpa_eval = logits(models[2], false),
              math_eval = logits(models[3], false);
-  EXPECT_TRUE(torch::equal(auto_train, chunked_train));
+  EXPECT_TRUE(torch::equal(auto_train, flash_train));
+  EXPECT_FALSE(torch::equal(flash_train, chunked_train)) << "the two paths must differ in rounding for this test to tell them apart";
   EXPECT_FALSE(torch::equal(chunked_train, math_train)) << "the two paths must differ in rounding for this test to tell them apart";
   EXPECT_LE(relative_error(chunked_train, math_train), 1e-5);
   EXPECT_TRUE(torch::equal(auto_eval, sdpa_eval));

@@ -196,21 +196,24 @@ TEST(FlashAttention, AModelWithFlashAttentionMatchesMath) {
   }
 }
 
-// `attention: auto` trains on the CPU with flash attention from kFlashAttentionFromT on and with
-// chunked attention below it: its logits equal those of the kind it picked, bit for bit, and not the
-// other's.
-TEST(FlashAttention, AutoTrainsWithFlashFromItsT) {
-  for (const int64_t T : {kFlashAttentionFromT, kFlashAttentionFromT / 2}) {
-    SCOPED_TRACE("T=" + std::to_string(T));
-    auto idx = torch::randint(11, {2, T});
-    auto logits = [&](const char* kind) {
-      GPT model = dropout_model(T, kind);
-      return train_logits(model, idx, false, false);
-    };
-    const auto by_auto = logits("auto"), by_flash = logits("flash"), by_chunked = logits("chunked");
-    const bool flash_picked = T >= kFlashAttentionFromT;
-    EXPECT_TRUE(torch::equal(by_auto, flash_picked ? by_flash : by_chunked));
-    EXPECT_FALSE(torch::equal(by_auto, flash_picked ? by_chunked : by_flash)) << "the kinds must differ in rounding";
+// `attention: auto` trains on the CPU with flash attention in fp32 at every T, and in bf16 from
+// kFlashAttentionFromT on with chunked attention below it: its logits equal those of the kind it
+// picked, bit for bit, and not the other's.
+TEST(FlashAttention, AutoTrainsWithFlashInFp32AndFromItsTInBf16) {
+  for (const bool bf16 : {false, true}) {
+    for (const int64_t T : {kFlashAttentionFromT, kFlashAttentionFromT / 2}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + " T=" + std::to_string(T));
+      auto idx = torch::randint(11, {2, T});
+      auto logits = [&](const char* kind) {
+        GPT model = dropout_model(T, kind);
+        return train_logits(model, idx, bf16, false);
+      };
+      const auto by_auto = logits("auto"), by_flash = logits("flash"), by_chunked = logits("chunked");
+      const bool flash_picked = !bf16 || T >= kFlashAttentionFromT;
+      EXPECT_EQ(flash_picked, flash_attention_trains(T, bf16 ? torch::kBFloat16 : torch::kFloat));
+      EXPECT_TRUE(torch::equal(by_auto, flash_picked ? by_flash : by_chunked));
+      EXPECT_FALSE(torch::equal(by_auto, flash_picked ? by_chunked : by_flash)) << "the kinds must differ in rounding";
+    }
   }
 }
 

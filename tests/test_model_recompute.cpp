@@ -176,7 +176,7 @@ TEST(ChunkedAttention, AutoTrainsWithChunkedAttentionAndMatchesMath) {
         }
         logits[m].to(torch::kFloat).pow(2).mean().backward();
       }
-      if (T < kFlashAttentionFromT) {  // from there on auto trains with flash attention (test_model_flash_attention.cpp)
+      if (!flash_attention_trains(T, bf16 ? torch::kBFloat16 : torch::kFloat)) {  // else auto trains with flash attention (test_model_flash_attention.cpp)
         EXPECT_TRUE(torch::equal(logits[0], logits[1])) << "auto must have taken the chunked path";
       }
       const double tol = bf16 ? 2e-2 : 1e-5;

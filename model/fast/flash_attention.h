@@ -16,11 +16,20 @@
 
 namespace nanogpt::model {
 
-/// `attention: auto` trains on the CPU with flash attention from this T on, with chunked attention
-/// below it (model/fast/chunked_attention.h). Measured on a 2-core AVX2 EPYC, one layer's forward and
-/// backward in fp32, one thread: T 64 (CPU preset) 2.6 ms flash vs 2.1 chunked, which keeps its weights
-/// instead of recomputing them; T 128 9.0 vs 10.8 ms; T 256 with dropout (full preset) 425 vs 537 ms.
+/// `attention: auto` trains on the CPU in bf16 with flash attention from this T on, with chunked
+/// attention below it (model/fast/chunked_attention.h), and in fp32 with flash attention at every T.
+/// Training steps on a 2-core AMD EPYC (Zen 5), bench medians of 2 alternating rounds: bf16 at T 64,
+/// flash 64.1/65.3 ms against chunked 61.6/59.8 (the Shakespeare speedrun config) and 10.6/10.6
+/// against 9.5/9.2 (the CPU preset); fp32 at T 64 capped to AVX2, 153.9/147.4 against 163.7/155.1 and
+/// 25.1/25.1 against 26.1/25.7, with AVX-512 even (147.9/148.3 against 147.3/148.8). From T 128 flash
+/// is faster in both (T 256 with dropout, the full preset: 425 against 537 ms a layer in fp32).
 constexpr int64_t kFlashAttentionFromT = 128;
+
+/// Whether `attention: auto` trains a CPU model whose attention runs in `dtype` at length T with
+/// flash attention (else chunked).
+inline bool flash_attention_trains(int64_t T, c10::ScalarType dtype) {
+  return dtype == c10::kFloat || T >= kFlashAttentionFromT;
+}
 
 /// causal_softmax(q kᵀ / √hs) v with dropout p on the weights: query i sees keys 0..i. q (B, nh, T,
 /// hs), k and v (B, nkv, T, hs) with nh a multiple of nkv (query head h reads kv head h / (nh / nkv)),
