@@ -123,7 +123,7 @@ bool weighted_values_intrinsics(const T*, int64_t, int64_t, const float*, float*
 #endif
 
 // p = softmax(p · scale) over Tk scores, in place.
-__attribute__((always_inline)) inline void softmax_in_place(float* __restrict p, int64_t Tk, float scale) {
+NANOGPT_INLINE void softmax_in_place(float* __restrict p, int64_t Tk, float scale) {
 #pragma omp simd
   for (int64_t t = 0; t < Tk; ++t) p[t] *= scale;
   const float inv_total = 1.0f / exp_shifted_sum(p, max_of(p, Tk), p, Tk);  // p = exp(p - max)
@@ -134,7 +134,7 @@ __attribute__((always_inline)) inline void softmax_in_place(float* __restrict p,
 // p[t] = softmax(p · scale)[t] and o = Σ_t p[t] v_t over Tk values (Tk, hs), fp32 or bf16 (raw
 // bits), in fp32.
 template <typename T>
-__attribute__((always_inline)) inline void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
+NANOGPT_INLINE void attend_softmax_values(const T* __restrict values, int64_t Tk, int64_t hs,
                                                                  float scale, float* __restrict p,
                                                                  float* __restrict o) {
   softmax_in_place(p, Tk, scale);

@@ -38,7 +38,7 @@ NANOGPT_KERNEL(NANOGPT_SIMD_CLONES, void, fill_hashes, (uint64_t* __restrict h, 
 
 // bf16 travels as its raw 16 bits (uint16_t) through the vectorised loops (model/fast/simd.h).
 template <typename in_t, typename out_t>
-__attribute__((always_inline)) inline void scale_kept(const uint16_t* __restrict draw, const in_t* __restrict x,
+NANOGPT_INLINE void scale_kept(const uint16_t* __restrict draw, const in_t* __restrict x,
                                                       out_t* __restrict y, int64_t n, uint16_t threshold, float keep) {
   for (int64_t i = 0; i < n; ++i) {
     const float factor = draw[i] >= threshold ? keep : 0.0f;  // x * mask, as the mask tensor it replaces

@@ -27,7 +27,7 @@ namespace {
 // while 255 * 127 * cols < 2^31 (cols < 66,000); integer sums do not depend on their order, so
 // every kernel gives the same bits.
 template <typename Sums>
-inline __attribute__((always_inline)) void matvec_rows_int8_blocks(const Int8Rows& w, const int8_t* __restrict xq,
+NANOGPT_INLINE void matvec_rows_int8_blocks(const Int8Rows& w, const int8_t* __restrict xq,
                                                                     const float* xs, const int32_t* xsum, int64_t B,
                                                                     int64_t cols, int64_t r0, int64_t r1,
                                                                     float* __restrict y, int64_t y_stride,

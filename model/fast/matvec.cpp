@@ -21,7 +21,7 @@ namespace {
 // Four rows' dot products with x finished: the columns past the last whole step of the lane sums
 // added to the rows' sums s, then stored into y (or added to it).
 template <typename W, typename X>
-inline __attribute__((always_inline)) void finish_rows(const W* const (&w)[kRowBlock], const X* xb, int64_t full,
+NANOGPT_INLINE void finish_rows(const W* const (&w)[kRowBlock], const X* xb, int64_t full,
                                                        int64_t cols, float (&s)[kRowBlock], float* yb, bool accumulate) {
   for (int64_t k = 0; k < kRowBlock; ++k) {
     for (int64_t i = full; i < cols; ++i) s[k] += load_float(w[k][i]) * load_float(xb[i]);
@@ -55,7 +55,7 @@ bool prefetched(int64_t r0, int64_t r1, int64_t cols) {
   return prefetch_pays() && (r1 - r0) * cols * static_cast<int64_t>(sizeof(W)) >= (int64_t{1} << 18);
 }
 template <typename W>
-inline __attribute__((always_inline)) void prefetch_two_ahead(const W* w, int64_t r, int64_t r1, int64_t cols) {
+NANOGPT_INLINE void prefetch_two_ahead(const W* w, int64_t r, int64_t r1, int64_t cols) {
   if (r + 3 * kRowBlock > r1) return;
   for (const W* p = w + (r + 2 * kRowBlock) * cols; p < w + (r + 3 * kRowBlock) * cols; p += 64 / sizeof(W))
     __builtin_prefetch(p, 0, 0);  // for reading, no temporal locality: streamed once a token
@@ -69,7 +69,7 @@ inline __attribute__((always_inline)) void prefetch_two_ahead(const W* w, int64_
 // operations and order whatever N: a row of x gets the same bits in a batch of any size (serve's
 // requests alone or side by side), while a batch loads each weight once for four of its rows.
 template <typename W, typename X, typename Sums>
-inline __attribute__((always_inline)) void matvec_rows_blocks(const W* __restrict w, const X* __restrict x,
+NANOGPT_INLINE void matvec_rows_blocks(const W* __restrict w, const X* __restrict x,
                                                                int64_t x_stride, int64_t B, int64_t cols, int64_t r0,
                                                                int64_t r1, float* __restrict y, int64_t y_stride,
                                                                bool accumulate, Sums sums) {

@@ -27,7 +27,7 @@ namespace {
 // Panels p0 .. p0 + P - 1 (rows row0 .. row0 + 16P - 1, those below r1 stored) against rows x[0 .. N)
 // of x: P * N accumulators, one multiply-add a column each, columns in order.
 template <int P, int N, typename Store>
-inline __attribute__((always_inline)) void panel_block_portable(const float* __restrict w, int64_t cols,
+NANOGPT_INLINE void panel_block_portable(const float* __restrict w, int64_t cols,
                                                                 const float* __restrict x, int64_t x_stride,
                                                                 Store store) {
   float acc[P][N][kPanel] = {};
@@ -53,7 +53,7 @@ inline int64_t panel_bytes(const Bf16Panels& w) { return kPanel * 2 * bf16_panel
 
 // The panels [p_begin, p_end) against rows b .. b + N - 1 of x, P panels a pass, then one.
 template <template <int, int> class Block, int P, int N, typename W, typename X>
-inline __attribute__((always_inline)) void panel_rows(const W& w, int64_t p_begin, int64_t p_end,
+NANOGPT_INLINE void panel_rows(const W& w, int64_t p_begin, int64_t p_end,
                                                       const X* __restrict x, int64_t x_stride, int64_t r1,
                                                       float* __restrict y, int64_t y_stride, bool accumulate,
                                                       Prefetch& pf) {
@@ -65,7 +65,7 @@ inline __attribute__((always_inline)) void panel_rows(const W& w, int64_t p_begi
 // Every panel of [r0, r1) against every row of x, P panels and N rows of x a pass (N: 8, then 4,
 // then 1; P as many as the registers hold), through Block<P, N>::run.
 template <template <int, int> class Block, typename W, typename X>
-inline __attribute__((always_inline)) void panel_passes(const W& w, const X* __restrict x,
+NANOGPT_INLINE void panel_passes(const W& w, const X* __restrict x,
                                                         int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
                                                         float* __restrict y, int64_t y_stride, bool accumulate) {
   const int64_t p_begin = r0 / kPanel, p_end = (r1 + kPanel - 1) / kPanel;
@@ -101,7 +101,7 @@ inline void store_panel_row(const float* acc, int64_t row0, int64_t r1, float* y
 
 template <int P, int N>
 struct PortablePanels {
-  static inline __attribute__((always_inline)) void run(const F32Panels& w, int64_t p0, const float* x, int64_t x_stride,
+  static NANOGPT_INLINE void run(const F32Panels& w, int64_t p0, const float* x, int64_t x_stride,
                                                         int64_t r1, float* y, int64_t y_stride, bool accumulate,
                                                         Prefetch&) {
     panel_block_portable<P, N>(w.data + p0 * kPanel * w.cols, w.cols, x, x_stride, [&](int p, int n, const float* acc) {
@@ -138,7 +138,7 @@ __attribute__((target("avx512f"), always_inline)) inline void store_panels(const
 }
 
 // Column step k of a pass: lines 2k and 2k + 1 of the next slice into L2, while below `fetch`.
-__attribute__((always_inline)) inline void fetch_two(const Prefetch& pf, int64_t k, int64_t fetch) {
+NANOGPT_INLINE void fetch_two(const Prefetch& pf, int64_t k, int64_t fetch) {
   if (2 * k >= fetch) return;
   _mm_prefetch(pf.next + 2 * k * 64, _MM_HINT_T1);
   _mm_prefetch(pf.next + 2 * k * 64 + 64, _MM_HINT_T1);

@@ -24,7 +24,7 @@ namespace nanogpt::model {
 // One element as the lane sums' type: fp32 (bf16 widened exactly by load_float) or int32 (a byte
 // of the int8 products).
 template <typename Acc, typename T>
-inline __attribute__((always_inline)) Acc widen(T v) {
+NANOGPT_INLINE Acc widen(T v) {
   if constexpr (std::is_same_v<Acc, float>) return load_float(v);
   else return static_cast<Acc>(v);
 }
@@ -35,7 +35,7 @@ struct LaneSums {
   static constexpr int64_t kStep = kLanes;
   static constexpr bool kTiles = false;
   template <typename W, typename X, typename Acc>
-  inline __attribute__((always_inline)) void operator()(const W* const (&w)[kRowBlock], const X* __restrict xb,
+  NANOGPT_INLINE void operator()(const W* const (&w)[kRowBlock], const X* __restrict xb,
                                                         int64_t full, Acc (&s)[kRowBlock]) const {
     Acc a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
     const W *__restrict w0 = w[0], *__restrict w1 = w[1], *__restrict w2 = w[2], *__restrict w3 = w[3];
