@@ -105,7 +105,7 @@ BenchReport run_bench(train::TrainConfig config, const BenchOptions& options) {
           << config.batch_size << "x" << config.gradient_accumulation_steps << " vocab " << V << " ("
           << model->num_params() / 1e6 << "M params, " << config.model.pos_encoding << ")";
   r.config_summary = summary.str();
-  train::FlatAdamW optimizer(*model, {config.weight_decay, config.beta1, config.beta2, 1e-8});
+  train::FlatAdamW optimizer(*model, train::optimizer_options(config));  // Muon too, as the config trains
   // Memory-mapped, as the trainer reads it: only the windows drawn are ever read.
   data::BatchSampler sampler(data::map_token_file(config.dataset + "/train.bin",
                                                   {V, meta.train_tokens, meta.train_checksum, config.verify_data}),

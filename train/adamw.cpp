@@ -9,6 +9,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "train/config.h"
 #include "train/muon.h"
 
 namespace nanogpt::train {
@@ -283,6 +284,19 @@ void FlatAdamW::load_state(const std::vector<std::pair<std::string, torch::Tenso
   for (auto& [t, dst] : checked) dst->copy_(t.reshape({-1}));
   step_ = step.item<int64_t>();
   step_count_.fill_(static_cast<double>(step_));
+}
+
+FlatAdamW::Options optimizer_options(const TrainConfig& config) {
+  FlatAdamW::Options opt;
+  opt.weight_decay = config.weight_decay;
+  opt.beta1 = config.beta1;
+  opt.beta2 = config.beta2;
+  opt.muon = config.optimizer == "muon";
+  opt.muon_lr_scale = config.muon_learning_rate / config.learning_rate;
+  opt.muon_momentum = config.muon_momentum;
+  // float16 runs are GPUs without fast bf16: their Newton–Schulz runs in fp32 too
+  opt.muon_dtype = config.autocast_dtype() == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat;
+  return opt;
 }
 
 }  // namespace nanogpt::train

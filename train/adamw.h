@@ -19,6 +19,7 @@
 #include <vector>
 
 namespace nanogpt::train {
+struct TrainConfig;
 
 class FlatAdamW {
  public:
@@ -112,5 +113,9 @@ class FlatAdamW {
   torch::Tensor step_count_;  // fused: 0-d float32 on the parameters' device, ATen's state_steps
   Group groups_[3];  // [0] decay, [1] no decay (AdamW), [2] Muon (empty unless options.muon)
 };
+
+/// The optimizer a config trains with (weight decay, betas, Muon and its settings; Newton–Schulz in
+/// bf16 where the run autocasts to bf16, else fp32): one place for the trainer and `bench`.
+FlatAdamW::Options optimizer_options(const TrainConfig& config);
 
 }  // namespace nanogpt::train

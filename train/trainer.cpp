@@ -234,16 +234,7 @@ Trainer::Trainer(TrainConfig config, bool quiet) : config_(std::move(config)) {
   if (!init) config_.model.vocab_size = vocab_.size();  // an imported model may have more rows than tokens
   model_ = model::GPT(config_.model);
   model_->to(device_);
-  FlatAdamW::Options opt;
-  opt.weight_decay = config_.weight_decay;
-  opt.beta1 = config_.beta1;
-  opt.beta2 = config_.beta2;
-  opt.muon = config_.optimizer == "muon";
-  opt.muon_lr_scale = config_.muon_learning_rate / config_.learning_rate;
-  opt.muon_momentum = config_.muon_momentum;
-  // Newton–Schulz in bf16 where the run has fast bf16; fp32 otherwise (float16 runs are GPUs without bf16)
-  opt.muon_dtype = amp_dtype_ == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat;
-  optimizer_ = std::make_unique<FlatAdamW>(*model_, opt);
+  optimizer_ = std::make_unique<FlatAdamW>(*model_, optimizer_options(config_));
   schedule_ = LrSchedule{config_.learning_rate, config_.min_lr,          config_.warmup_iters, config_.lr_decay_iters,
                          config_.decay_lr,      config_.lr_schedule == "wsd", config_.decay_frac};
 
