@@ -14,6 +14,7 @@
 #include "model/fast/decode_attention.h"
 #include "model/fast/flash_attention.h"
 #include "model/fast/linear.h"
+#include "model/fast/rms_norm.h"
 
 namespace nanogpt::model {
 namespace {
@@ -170,7 +171,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const Att
 
   // QK-norm (optional): every head's query and key scaled to RMS 1, so no score can grow without
   // bound however large the projections get.
-  if (qk_norm_) qk = torch::rms_norm(qk, {head_size_}, std::nullopt, qk_norm_eps);
+  if (qk_norm_) qk = fast_rms_norm(qk, std::nullopt, qk_norm_eps);
 
   // 2. Rotate: RoPE turns q and k by their positions (both at once), so scores depend on offsets.
   torch::Tensor q, k;  // (B, nh, T, hs), (B, nkv, T, hs)

@@ -7,6 +7,7 @@
 
 #include "model/fast/gelu.h"
 #include "model/fast/linear.h"
+#include "model/fast/relu_squared.h"
 
 namespace nanogpt::model {
 namespace {
@@ -47,6 +48,8 @@ struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
     torch::Tensor a, dh;         // the activation (recomputed) and the gradient at h
     if (kind == "gelu") {
       std::tie(a, dh) = fast_gelu_backward(h, da);  // one pass over h
+    } else if (kind == "relu2") {
+      std::tie(a, dh) = fast_relu_squared_backward(h, da);  // one pass over h
     } else {
       torch::AutoGradMode grad_on(true);
       auto h_again = h.detach().requires_grad_(true);
@@ -63,7 +66,7 @@ struct ProjectActivation : public torch::autograd::Function<ProjectActivation> {
 torch::Tensor mlp_activation(const std::string& kind, const torch::Tensor& h) {
   if (kind == "gelu") return fast_gelu(h);  // exact (erf) GELU like nanoGPT, its slope kept for backward
   if (kind == "gelu_tanh") return torch::gelu(h, "tanh");  // GPT-2's approximation ("gelu_new")
-  if (kind == "relu2") return torch::relu(h).square();
+  if (kind == "relu2") return fast_relu_squared(h);
   auto gate_up = h.chunk(2, -1);  // swiglu
   return torch::silu(gate_up[0]) * gate_up[1];  // (B, T, H)
 }

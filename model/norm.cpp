@@ -2,6 +2,7 @@
 #include "model/norm.h"
 
 #include "model/fast/dropout.h"
+#include "model/fast/rms_norm.h"
 #include "runtime/cuda_plugin.h"
 
 namespace nanogpt::model {
@@ -14,10 +15,9 @@ NormImpl::NormImpl(const std::string& kind, int64_t n_embd, bool bias, double ep
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   if (!rms_) return torch::layer_norm(x, {n_embd_}, weight, bias, eps_);
-  // RMSNorm: x / sqrt(mean(x²) + eps) * weight, computed in fp32 for stability.
-  auto xf = x.to(torch::kFloat);
-  auto inv_rms = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);  // (..., 1)
-  return (xf * inv_rms).to(x.scalar_type()) * weight;
+  // RMSNorm: x / sqrt(mean(x²) + eps) * weight, computed in fp32 for stability (one pass each way
+  // on the CPU).
+  return fast_rms_norm(x, weight, eps_);
 }
 
 std::pair<torch::Tensor, torch::Tensor> residual_add_norm(const torch::Tensor& x, const torch::Tensor& y, double p,
