@@ -1,6 +1,7 @@
 // GPT (see gpt.h): embeddings -> blocks -> ln_f -> head (tied or not) -> optional soft-cap.
 #include "model/gpt.h"
 
+#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -126,6 +127,19 @@ std::pair<torch::Tensor, torch::Tensor> GPTImpl::forward(const torch::Tensor& id
   const int64_t V = logits.size(-1);
   auto loss = next_token_loss(logits.reshape({-1, V}), targets.reshape({-1}));  // (B*T, V), (B*T,) -> scalar
   return {logits, loss};
+}
+
+torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  const auto& w = lm_head ? lm_head->weight : wte->weight;  // (V, C)
+  const bool chunked = idx.device().is_cpu() && w.device().is_cpu() && w.scalar_type() == torch::kFloat &&
+                       torch::GradMode::is_enabled() && !at::autocast::is_autocast_enabled(at::kCPU);
+  if (!chunked) return forward(idx, targets).second;
+  auto x = run_blocks(embed(idx, 0), 0, nullptr, nullptr);  // (B, T, C)
+  if (!head_cross_entropy_applies(x.reshape({-1, x.size(-1)}), w)) {  // e.g. a model cast to another dtype
+    auto logits = head(x, /*capped=*/true);
+    return next_token_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  }
+  return head_cross_entropy(x.reshape({-1, x.size(-1)}), w, targets.reshape({-1}), config_.logit_softcap);
 }
 
 torch::Tensor GPTImpl::logits(const torch::Tensor& idx) { return head(run_blocks(embed(idx, 0), 0, nullptr, nullptr)); }

@@ -31,6 +31,11 @@ class GPTImpl : public torch::nn::Module {
   /// Without targets: logits of the last position only, (B, 1, V), and an undefined loss.
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& idx, const torch::Tensor& targets = {});
 
+  /// forward(idx, targets)'s loss alone, for training: on the CPU in fp32 with gradients on (no
+  /// autocast), the head and the loss go by chunks of rows and the (B, T, V) logits are never held
+  /// (model/fast/cross_entropy.h: head_cross_entropy); elsewhere forward's.
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+
   /// Logits at every position, (B, T, V).
   torch::Tensor logits(const torch::Tensor& idx);
 

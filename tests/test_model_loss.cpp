@@ -213,13 +213,15 @@ TEST(CrossEntropy, GptGradientsMatchThePlainLoss) {
       c.logit_softcap = tied ? 0.0 : 15.0;
       torch::manual_seed(5);
       GPT model(c);
-      const auto grads = [&](bool fused) {
+      const auto grads = [&](int how) {  // 0: the plain loss, 1: forward's fused one, 2: loss() (chunked in fp32)
         model->zero_grad();
         torch::Tensor loss;
         {
           nanogpt::runtime::AutocastGuard autocast(torch::kCPU, dtype, dtype != torch::kFloat);
-          if (fused) {
+          if (how == 1) {
             loss = model->forward(idx, targets).second;
+          } else if (how == 2) {
+            loss = model->loss(idx, targets);
           } else {
             auto logits = model->logits(idx);  // (B, T, V)
             loss = reference_loss(logits.reshape({-1, c.vocab_size}), targets.reshape({-1}));
@@ -230,12 +232,16 @@ TEST(CrossEntropy, GptGradientsMatchThePlainLoss) {
         for (const auto& p : model->parameters()) out.push_back(p.grad().clone());
         return out;
       };
-      const auto fused = grads(true), plain = grads(false);
-      const double rtol = dtype == torch::kFloat ? 1e-5 : 2e-2;
-      EXPECT_NEAR(fused[0].item<double>(), plain[0].item<double>(), 1e-5 * plain[0].item<double>());
-      const auto names = model->named_parameters().keys();
-      ASSERT_EQ(names.size() + 1, fused.size());
-      for (size_t i = 1; i < fused.size(); ++i) expect_close(fused[i], plain[i], rtol, names[i - 1]);
+      const auto plain = grads(0);
+      for (const int how : {1, 2}) {
+        SCOPED_TRACE(how == 1 ? "forward" : "loss");
+        const auto fused = grads(how);
+        const double rtol = dtype == torch::kFloat ? 1e-5 : 2e-2;
+        EXPECT_NEAR(fused[0].item<double>(), plain[0].item<double>(), 1e-5 * plain[0].item<double>());
+        const auto names = model->named_parameters().keys();
+        ASSERT_EQ(names.size() + 1, fused.size());
+        for (size_t i = 1; i < fused.size(); ++i) expect_close(fused[i], plain[i], rtol, names[i - 1]);
+      }
     }
   }
 }
@@ -290,4 +296,34 @@ TEST(FastMath, GeluErfMatchesTheExactGelu) {
   auto ours = torch::empty_like(x);
   for (int64_t i = 0; i < x.numel(); ++i) ours[i] = gelu_erf(x[i].item<float>());
   EXPECT_LE((ours - torch::gelu(x)).abs().max().item<double>(), 1e-6);
+}
+
+// The head and the loss by chunks of rows (head_cross_entropy) against the logits made whole and
+// the plain loss: 1,000 rows of a 5,000-token vocabulary go in three chunks (the last one short),
+// with ignored rows, with and without a cap; the loss, dx and dw in fp32 agree, and an incoming
+// gradient of 0.5 halves dx and dw.
+TEST(CrossEntropy, HeadByChunksMatchesTheWholeLogits) {
+  torch::manual_seed(8);
+  const int64_t N = 1000, C = 48, V = 5000;
+  auto targets = torch::randint(V, {N});
+  targets.index_put_({torch::arange(0, N, 7)}, -100);
+  for (const double cap : {0.0, 15.0}) {
+    SCOPED_TRACE("cap " + std::to_string(cap));
+    auto x = (torch::randn({N, C}) * 2).requires_grad_(true);
+    auto w = (torch::randn({V, C}) * 0.3).requires_grad_(true);
+    auto chunked = nanogpt::model::head_cross_entropy(x, w, targets, cap);
+    (chunked * 0.5).backward();
+    auto x2 = x.detach().clone().requires_grad_(true), w2 = w.detach().clone().requires_grad_(true);
+    auto logits = x2.mm(w2.t());
+    if (cap > 0) logits = torch::tanh(logits / cap) * cap;
+    auto plain = reference_loss(logits, targets);
+    (plain * 0.5).backward();
+    EXPECT_NEAR(chunked.item<double>(), plain.item<double>(), 1e-5 * plain.item<double>());
+    expect_close(x.grad(), x2.grad(), 1e-4, "dx");
+    expect_close(w.grad(), w2.grad(), 1e-4, "dw");
+  }
+  EXPECT_THROW(nanogpt::model::head_cross_entropy(torch::randn({4, 8}), torch::randn({9, 8}), torch::full({4}, 9, torch::kLong), 0.0),
+               std::invalid_argument);  // a target outside the vocabulary
+  EXPECT_THROW(nanogpt::model::head_cross_entropy(torch::randn({4, 8}), torch::randn({9, 7}), torch::zeros({4}, torch::kLong), 0.0),
+               std::invalid_argument);  // widths that differ
 }

@@ -42,7 +42,7 @@ void micro_step(model::GPT& model, const torch::Tensor& x, const torch::Tensor& 
   torch::Tensor loss;
   {
     runtime::AutocastGuard autocast(options.device, options.autocast_dtype, options.autocast_dtype != torch::kFloat);
-    loss = model->forward(x, y).second;  // x, y: (B, T) each
+    loss = model->loss(x, y);  // x, y: (B, T) each
   }
   auto micro_loss = loss * micro_batch_share(options);
   (options.scaler ? options.scaler->scale(micro_loss) : micro_loss).backward();

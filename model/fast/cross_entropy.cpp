@@ -5,6 +5,7 @@
 #include <ATen/record_function.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -81,8 +82,9 @@ void store_row(const float* e, float scale, c10::Half* out, int64_t V) {
 
 // Rows [begin, end): row_loss[i] = logsumexp(x_i) - x_i[t_i] (0 for ignored rows) and, when grad
 // is given, grad_i = (softmax(x_i) - one_hot(t_i)) * inv_count (zero for ignored rows). With cap > 0,
-// x_i is the soft-capped row z_i = cap tanh(logits_i / cap), written to capped, and the gradient
-// w.r.t. the raw logits carries the cap's slope 1 - (z / cap)^2.
+// x_i is the soft-capped row z_i = cap tanh(logits_i / cap), written to capped (when given), and the
+// gradient w.r.t. the raw logits carries the cap's slope 1 - (z / cap)^2. grad may be logits itself
+// (a row is read before its gradient is written).
 template <typename T>
 void loss_rows(const T* logits, const int64_t* targets, int64_t V, float inv_count, float cap, int64_t begin,
                int64_t end, float* row_loss, T* grad, T* capped) {
@@ -95,7 +97,7 @@ void loss_rows(const T* logits, const int64_t* targets, int64_t V, float inv_cou
     if (cap > 0.0f) {
       softcap_row(load_row(logits + i * V, V, buf.data()), cap, buf.data(), slope.data(), V);  // buf = z
       x = buf.data();
-      store_row(x, 1.0f, capped + i * V, V);  // every row's z, ignored or not
+      if (capped) store_row(x, 1.0f, capped + i * V, V);  // every row's z, ignored or not
     }
     if (t == kIgnoreIndex) {
       row_loss[i] = 0.0f;
@@ -119,6 +121,26 @@ void loss_rows(const T* logits, const int64_t* targets, int64_t V, float inv_cou
   }
 }
 
+// The targets that count (not the ignore index); throws on one outside [0, V).
+int64_t counted_targets(const int64_t* target, int64_t N, int64_t V) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (target[i] == kIgnoreIndex) continue;
+    if (target[i] < 0 || target[i] >= V)
+      throw std::invalid_argument(fmt::format("[model] cross_entropy: target {} at row {} is outside [0, {}) "
+                                              "(and is not the ignore index {})", target[i], i, V, kIgnoreIndex));
+    ++count;
+  }
+  return count;
+}
+
+// The mean of the rows' losses, summed in row order (the same for any thread count); NaN for none.
+double mean_loss(const std::vector<float>& row_loss, int64_t count) {
+  double total = 0.0;
+  for (float l : row_loss) total += l;
+  return count > 0 ? total / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
+}
+
 // What one pass gives: the mean loss (fp32 scalar); with_grad, d(loss)/d(logits) (N, V) in the
 // logits' dtype; with a cap, the capped logits (N, V) in the logits' dtype.
 struct FusedLoss {
@@ -132,14 +154,7 @@ FusedLoss fused_forward(const torch::Tensor& logits_in, const torch::Tensor& tar
   const auto targets = targets_in.contiguous();
   const int64_t N = logits.size(0), V = logits.size(1);
   const int64_t* target = targets.data_ptr<int64_t>();
-  int64_t count = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    if (target[i] == kIgnoreIndex) continue;
-    if (target[i] < 0 || target[i] >= V)
-      throw std::invalid_argument(fmt::format("[model] cross_entropy: target {} at row {} is outside [0, {}) "
-                                              "(and is not the ignore index {})", target[i], i, V, kIgnoreIndex));
-    ++count;
-  }
+  const int64_t count = counted_targets(target, N, V);
   const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : std::numeric_limits<float>::quiet_NaN();
   std::vector<float> row_loss(static_cast<size_t>(N));
   torch::Tensor grad = with_grad ? torch::empty_like(logits) : torch::Tensor();
@@ -161,10 +176,7 @@ FusedLoss fused_forward(const torch::Tensor& logits_in, const torch::Tensor& tar
     run(static_cast<c10::BFloat16*>(nullptr));
   else
     run(static_cast<c10::Half*>(nullptr));
-  double total = 0.0;  // in row order: the same loss for any thread count
-  for (float l : row_loss) total += l;
-  const double mean = count > 0 ? total / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
-  return {torch::full({}, mean, logits.options().dtype(torch::kFloat)), grad, capped};
+  return {torch::full({}, mean_loss(row_loss, count), logits.options().dtype(torch::kFloat)), grad, capped};
 }
 
 // Autograd node: the gradient is made in the forward pass, backward scales it.
@@ -189,7 +201,87 @@ struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
   }
 };
 
+// The head's loss by chunks of rows (head_cross_entropy): the mean loss, and its gradients w.r.t.
+// x (N, C) and w (V, C), fp32.
+struct HeadLoss {
+  torch::Tensor loss, dx, dw;
+};
+
+HeadLoss head_forward(const torch::Tensor& x_in, const torch::Tensor& w_in, const torch::Tensor& targets_in,
+                      double softcap) {
+  RECORD_FUNCTION("nanogpt::head_cross_entropy", std::vector<c10::IValue>());  // the loss rows, in bench --profile
+  const auto x = x_in.contiguous(), w = w_in.contiguous(), targets = targets_in.contiguous();
+  const int64_t N = x.size(0), V = w.size(0);
+  const int64_t* target = targets.data_ptr<int64_t>();
+  const int64_t count = counted_targets(target, N, V);
+  const float inv_count = count > 0 ? 1.0f / static_cast<float>(count) : std::numeric_limits<float>::quiet_NaN();
+  // ~2M logits a chunk (8 MB): in the last-level cache while the loss pass and both products read it.
+  const int64_t rows = std::min<int64_t>(N, std::max<int64_t>(64, (int64_t{1} << 21) / std::max<int64_t>(V, 1)));
+  auto chunk = torch::empty({rows, V}, x.options());  // a chunk's logits, then (in place) their gradient
+  auto dx = torch::empty_like(x);
+  auto dw = torch::zeros_like(w);
+  std::vector<float> row_loss(static_cast<size_t>(N));
+  const float cap = static_cast<float>(softcap);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(V, 1));
+  const auto wt = w.t();
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t r = std::min(rows, N - r0);
+    auto logits = chunk.narrow(0, 0, r);
+    const auto xc = x.narrow(0, r0, r);
+    torch::mm_out(logits, xc, wt);  // (r, V)
+    float* g = logits.data_ptr<float>();
+    at::parallel_for(0, r, grain, [&](int64_t begin, int64_t end) {
+      loss_rows<float>(g, target + r0, V, inv_count, cap, begin, end, row_loss.data() + r0, g, nullptr);
+    });
+    auto dxc = dx.narrow(0, r0, r);
+    torch::mm_out(dxc, logits, w);  // (r, C)
+    dw.addmm_(logits.t(), xc);      // (V, C)
+  }
+  return {torch::full({}, mean_loss(row_loss, count), x.options()), dx, dw};
+}
+
+// Autograd node: the gradients are made in the forward pass, backward scales them.
+struct HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& targets, double softcap) {
+    auto out = head_forward(x, w, targets, softcap);
+    ctx->saved_data["dx"] = out.dx;
+    ctx->saved_data["dw"] = out.dw;
+    return out.loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto dx = ctx->saved_data["dx"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
+    const auto& upstream = grad_outputs[0];  // scalar
+    const bool one = upstream.device().is_cpu() && upstream.numel() == 1 && upstream.item<double>() == 1.0;
+    if (one) return {dx, dw, torch::Tensor(), torch::Tensor()};
+    return {dx * upstream, dw * upstream, torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+bool head_cross_entropy_applies(const torch::Tensor& x, const torch::Tensor& w) {
+  return x.device().is_cpu() && w.device().is_cpu() && x.scalar_type() == torch::kFloat &&
+         w.scalar_type() == torch::kFloat && x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && w.size(0) >= 1;
+}
+
+torch::Tensor head_cross_entropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
+                                 double softcap) {
+  if (!head_cross_entropy_applies(x, w))
+    throw std::invalid_argument(fmt::format("[model] head_cross_entropy wants fp32 x (N, C) and w (V, C) on the CPU, "
+                                            "got {} {} and {} {}", c10::toString(x.scalar_type()), c10::str(x.sizes()),
+                                            c10::toString(w.scalar_type()), c10::str(w.sizes())));
+  if (targets.dim() != 1 || targets.size(0) != x.size(0) || targets.scalar_type() != torch::kLong)
+    throw std::invalid_argument(fmt::format("[model] head_cross_entropy wants int64 targets ({},), got {} {}", x.size(0),
+                                            c10::toString(targets.scalar_type()), c10::str(targets.sizes())));
+  if (softcap < 0.0 || !std::isfinite(softcap))
+    throw std::invalid_argument(fmt::format("[model] head_cross_entropy: the cap must be >= 0 (0: none), got {}", softcap));
+  if (torch::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad()))
+    return HeadCrossEntropy::apply(x, w, targets, softcap);
+  return head_forward(x, w, targets, softcap).loss;
+}
 
 bool fused_cross_entropy_applies(const torch::Tensor& logits) {
   const auto dtype = logits.scalar_type();

@@ -26,6 +26,18 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
 std::pair<torch::Tensor, torch::Tensor> softcapped_cross_entropy(const torch::Tensor& logits,
                                                                  const torch::Tensor& targets, double softcap);
 
+/// The loss of the head's logits x wᵀ (soft-capped when softcap > 0, as softcapped_cross_entropy),
+/// never holding all of them: the rows go in chunks of ~2M logits; each chunk's logits are computed,
+/// turned in place into their gradient by the pass above while they are in cache, and the gradients
+/// w.r.t. x and w accumulated at once (dx = g w, dw += gᵀ x). The (N, V) logits, their capped copy and
+/// their gradient are never stored, nor read back by backward, which only scales the kept dx and dw
+/// (at the Tang poems speedrun's batch, 4,096 rows of 7,443: three 122 MB tensors). x (N, C) and
+/// w (V, C) fp32 on the CPU (head_cross_entropy_applies), targets as cross_entropy's. Differentiable
+/// w.r.t. x and w; the mean loss as an fp32 scalar.
+torch::Tensor head_cross_entropy(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& targets,
+                                 double softcap);
+bool head_cross_entropy_applies(const torch::Tensor& x, const torch::Tensor& w);
+
 /// Whether cross_entropy takes the fused CPU kernel for these logits (else LibTorch's cross_entropy).
 bool fused_cross_entropy_applies(const torch::Tensor& logits);
 
