@@ -116,6 +116,10 @@ std::pair<torch::Tensor, torch::Tensor> GPTImpl::forward(const torch::Tensor& id
     auto last = x.narrow(1, x.size(1) - 1, 1);  // (B, 1, C): only the next token matters
     return {head(last), torch::Tensor()};
   }
+  return head_and_loss(x, targets);
+}
+
+std::pair<torch::Tensor, torch::Tensor> GPTImpl::head_and_loss(const torch::Tensor& x, const torch::Tensor& targets) {
   const double cap = config_.logit_softcap;
   if (cap > 0 && x.device().is_cpu()) {  // the cap folded into the loss's pass (model/fast/cross_entropy.h)
     auto raw = head(x, /*capped=*/false);  // (B, T, V)
@@ -135,11 +139,9 @@ torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targe
                        torch::GradMode::is_enabled() && !at::autocast::is_autocast_enabled(at::kCPU);
   if (!chunked) return forward(idx, targets).second;
   auto x = run_blocks(embed(idx, 0), 0, nullptr, nullptr);  // (B, T, C)
-  if (!head_cross_entropy_applies(x.reshape({-1, x.size(-1)}), w)) {  // e.g. a model cast to another dtype
-    auto logits = head(x, /*capped=*/true);
-    return next_token_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
-  }
-  return head_cross_entropy(x.reshape({-1, x.size(-1)}), w, targets.reshape({-1}), config_.logit_softcap);
+  const auto rows = x.reshape({-1, x.size(-1)});             // (B*T, C)
+  if (!head_cross_entropy_applies(rows, w)) return head_and_loss(x, targets).second;  // e.g. blocks in another dtype
+  return head_cross_entropy(rows, w, targets.reshape({-1}), config_.logit_softcap);
 }
 
 torch::Tensor GPTImpl::logits(const torch::Tensor& idx) { return head(run_blocks(embed(idx, 0), 0, nullptr, nullptr)); }

@@ -68,6 +68,8 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor run_blocks(torch::Tensor x, int64_t start_pos, KVCache* cache, std::vector<torch::Tensor>* weights);
   void init_weights();
   torch::Tensor head(const torch::Tensor& x, bool capped = true);     // (B, T, C) -> (B, T, V)
+  // forward's logits and loss from the last block's output x (B, T, C) and targets (B, T)
+  std::pair<torch::Tensor, torch::Tensor> head_and_loss(const torch::Tensor& x, const torch::Tensor& targets);
 
   ModelConfig config_;
   Embedding wte{nullptr};  // (V, C), also the output head when tied

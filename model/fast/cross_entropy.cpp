@@ -179,6 +179,13 @@ FusedLoss fused_forward(const torch::Tensor& logits_in, const torch::Tensor& tar
   return {torch::full({}, mean_loss(row_loss, count), logits.options().dtype(torch::kFloat)), grad, capped};
 }
 
+// A gradient made in the forward pass times the loss's incoming gradient (a scalar). loss.backward()
+// (one micro-batch per step) sends exactly 1: then no pass over the gradient.
+torch::Tensor scaled(const torch::Tensor& grad, const torch::Tensor& upstream) {
+  const bool one = upstream.device().is_cpu() && upstream.numel() == 1 && upstream.item<double>() == 1.0;
+  return one ? grad : grad * upstream;
+}
+
 // Autograd node: the gradient is made in the forward pass, backward scales it.
 // With a cap, the capped logits come back as a second output without a gradient of their own.
 struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
@@ -194,10 +201,7 @@ struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     auto grad = ctx->saved_data["grad"].toTensor();  // (N, V)
-    const auto& upstream = grad_outputs[0];             // scalar
-    // loss.backward() (one micro-batch per step) sends exactly 1: no pass over the (N, V) gradient.
-    const bool one = upstream.device().is_cpu() && upstream.numel() == 1 && upstream.item<double>() == 1.0;
-    return {one ? grad : grad * upstream, torch::Tensor(), torch::Tensor()};
+    return {scaled(grad, grad_outputs[0]), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -252,11 +256,8 @@ struct HeadCrossEntropy : public torch::autograd::Function<HeadCrossEntropy> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    auto dx = ctx->saved_data["dx"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
-    const auto& upstream = grad_outputs[0];  // scalar
-    const bool one = upstream.device().is_cpu() && upstream.numel() == 1 && upstream.item<double>() == 1.0;
-    if (one) return {dx, dw, torch::Tensor(), torch::Tensor()};
-    return {dx * upstream, dw * upstream, torch::Tensor(), torch::Tensor()};
+    return {scaled(ctx->saved_data["dx"].toTensor(), grad_outputs[0]),
+            scaled(ctx->saved_data["dw"].toTensor(), grad_outputs[0]), torch::Tensor(), torch::Tensor()};
   }
 };
 
