@@ -340,7 +340,7 @@ TEST(MatvecRows, Int8IsDynamicQuantizationSummedExactly) {
 // Every weight format's product gives a row of x the same bits in a batch of 9 as alone, and the same
 // whichever ranges of rows it is split into (the decoder's threads take whole panels in shares that
 // move with their measured speeds, and serve batches rows that were stepped alone before): the sums'
-// order may depend on neither. And F32Panels, which the other tests reach only through the decoder,
+// order may depend on neither; an empty range writes nothing. And F32Panels, which the other tests reach only through the decoder,
 // against LibTorch in fp64 as the rows above. ctest runs it on each kernel the CPU has.
 TEST(MatvecRows, ARowGetsTheSameBitsInABatchOfAnySizeAndAnySplitOfTheRows) {
   torch::manual_seed(9);
@@ -386,6 +386,13 @@ TEST(MatvecRows, ARowGetsTheSameBitsInABatchOfAnySizeAndAnySplitOfTheRows) {
                                                << (together - alone).abs().max().item<float>();
     EXPECT_TRUE(torch::equal(together, split)) << name << ": max difference "
                                                << (together - split).abs().max().item<float>();
+    // A thread whose share is empty gets r0 == r1, at any row (the last one too, which is not a
+    // panel's first when rows is not a multiple of kPanel): it writes nothing.
+    for (const int64_t r : {int64_t{0}, int64_t{16}, int64_t{32}, rows}) {
+      auto untouched = torch::full({B, rows}, std::numeric_limits<float>::quiet_NaN());
+      product(x.data_ptr<float>(), B, r, r, untouched.data_ptr<float>());
+      EXPECT_TRUE(torch::isnan(untouched).all().item<bool>()) << name << ": the empty range at row " << r;
+    }
     if (name == "fp32 panels") {
       auto xd = x.to(torch::kDouble), wd = w.to(torch::kDouble);
       auto want = xd.mm(wd.t()), magnitude = xd.abs().mm(wd.abs().t());

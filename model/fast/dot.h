@@ -53,7 +53,7 @@ struct F32Panels {
 
 /// y[b * y_stride + r] (+)= w[r] · x[b * x_stride + ...] for rows r0 <= r < r1 with F32Panels
 /// weights: each output summed over the columns in order (an AVX-512 multiply-add per column where
-/// the CPU has it). r0 a multiple of kPanel; r1 one too, or w.rows.
+/// the CPU has it). r0 a multiple of kPanel; r1 one too, or w.rows; r0 == r1 (anywhere) computes nothing.
 void matvec_rows(const F32Panels& w, const float* __restrict x, int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
                  float* __restrict y, int64_t y_stride, bool accumulate);
 

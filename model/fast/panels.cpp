@@ -68,6 +68,10 @@ template <template <int, int> class Block, typename W, typename X>
 NANOGPT_INLINE void panel_passes(const W& w, const X* __restrict x,
                                                         int64_t x_stride, int64_t B, int64_t r0, int64_t r1,
                                                         float* __restrict y, int64_t y_stride, bool accumulate) {
+  // An empty share (a thread's share of a split can be r0 == r1 == w.rows, which is not a panel's
+  // first row when rows is not a multiple of kPanel) computes nothing: rounded down, r0 would name
+  // the last panel and write rows that are another thread's.
+  if (r0 >= r1) return;
   const int64_t p_begin = r0 / kPanel, p_end = (r1 + kPanel - 1) / kPanel;
   // With more than one pass of x rows, the panels go by in slices of ~512 KB, each met by every
   // pass before the next: a slice stays in L2 instead of coming from L3 once a pass. The passes
