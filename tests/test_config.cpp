@@ -292,6 +292,7 @@ TEST(Config, ValidationFailuresNameTheKey) {
       {{"--n_embd=384", "--n_head=5"}, "n_embd (384) must be divisible by n_head (5)"},
       {{"--n_head=6", "--n_kv_head=4", "--n_embd=384"}, "n_head (6) must be divisible by n_kv_head (4)"},
       {{"--n_kv_head=-1"}, "n_kv_head (-1)"},
+      {{"--mlp_width=-1"}, "mlp_width (-1)"},
       {{"--n_embd=66", "--n_head=2"}, "n_embd / n_head (33)"},
       {{"--pos_encoding=sinusoidal", "--n_embd=33", "--n_head=1"}, "n_embd (33)"},
       {{"--rope_base=1"}, "rope_base (1.0)"},
@@ -386,7 +387,7 @@ TEST(Config, ToYamlRoundTripsExactly) {
 
 TEST(Config, ToYamlWritesEveryKeyInDeclarationOrder) {
   const std::vector<std::string> keys = config_keys();
-  ASSERT_EQ(keys.size(), 58u);  // nanoGPT's, ours (n_kv_head, pos_encoding, tf32, checkpoint_interval, checkpoint_async, tokenizer, cuda_graphs, ...), the modern switches, data parallel
+  ASSERT_EQ(keys.size(), 59u);  // nanoGPT's, ours (n_kv_head, mlp_width, pos_encoding, tf32, checkpoint_interval, checkpoint_async, tokenizer, cuda_graphs, ...), the modern switches, data parallel
   EXPECT_EQ(keys.front(), "out_dir");
   EXPECT_EQ(keys.back(), "ddp_bucket_mb");
   const std::string yaml = to_yaml(TrainConfig{});
@@ -424,7 +425,7 @@ TEST(Config, ModelConfigMapsArchitectureFields) {
   TrainConfig c;
   apply_overrides(c, {"--block_size=64", "--n_layer=3", "--n_head=4", "--n_kv_head=2", "--n_embd=96",
                       "--dropout=0.25", "--bias=true", "--pos_encoding=sinusoidal", "--rope_base=500",
-                      "--norm=rmsnorm", "--attention=math"});
+                      "--norm=rmsnorm", "--attention=math", "--mlp_width=320"});
   const nanogpt::model::ModelConfig& m = c.model;  // the keys land in the nested model config
   EXPECT_EQ(m.block_size, 64);
   EXPECT_EQ(m.n_layer, 3);
@@ -437,6 +438,8 @@ TEST(Config, ModelConfigMapsArchitectureFields) {
   EXPECT_DOUBLE_EQ(m.rope_base, 500.0);
   EXPECT_EQ(m.norm, "rmsnorm");
   EXPECT_EQ(m.attention, "math");
+  EXPECT_EQ(m.mlp_width, 320);
+  EXPECT_EQ(m.mlp_hidden(), 320);
 }
 
 TEST(Config, SetArchitectureCopiesArchitectureButKeepsDropout) {

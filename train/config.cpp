@@ -99,6 +99,7 @@ const std::array kKeys = {
         "flash: blocked online softmax on a CPU, no (T, T) scores"),
     MODEL_KEY(qk_norm, nullptr, "true | false", "", "RMS-normalise each head's queries and keys before RoPE"),
     MODEL_KEY(mlp, nullptr, "gelu | relu2 | swiglu", "", "the MLP's activation: GELU (nanoGPT), ReLU squared, or SiLU-gated"),
+    MODEL_KEY(mlp_width, nullptr, ">= 0", "", "the MLP's hidden width; 0 = 4 n_embd (8 n_embd / 3 for swiglu)"),
     MODEL_KEY(tie_embeddings, nullptr, "true | false", "", "the head reuses wte's weights (nanoGPT); false = its own lm_head"),
     MODEL_KEY(logit_softcap, nullptr, ">= 0", "", "> 0: logits = cap * tanh(logits / cap); 0 = off"),
     // AdamW
