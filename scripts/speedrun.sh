@@ -42,9 +42,6 @@ read -r -a configs_tang <<<"${TANG_CONFIGS:-configs/tang_poems_cpu.yaml configs/
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# torch.compile's kernels from this run only: a cache left by a run under other instruction-set caps
-# (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) crashed nanoGPT --compile=True.
-export TORCHINDUCTOR_CACHE_DIR=$work/inductor
 nanogpt_peer_workspace "$nanogpt_dir" "$work" "$py"
 [[ $corpora == *tang* ]] && nanogpt_peer_tang "$work" "$py"
 "$NANOGPT" prepare --input data/shakespeare_char/input.txt --out_dir data/shakespeare_char >/dev/null
