@@ -134,14 +134,15 @@ std::pair<torch::Tensor, torch::Tensor> GPTImpl::head_and_loss(const torch::Tens
 }
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  const auto& w = lm_head ? lm_head->weight : wte->weight;  // (V, C)
-  const bool chunked = idx.device().is_cpu() && w.device().is_cpu() && w.scalar_type() == torch::kFloat &&
-                       torch::GradMode::is_enabled() && !at::autocast::is_autocast_enabled(at::kCPU);
-  if (!chunked) return forward(idx, targets).second;
   auto x = run_blocks(embed(idx, 0), 0, nullptr, nullptr);  // (B, T, C)
   const auto rows = x.reshape({-1, x.size(-1)});             // (B*T, C)
-  if (!head_cross_entropy_applies(rows, w)) return head_and_loss(x, targets).second;  // e.g. blocks in another dtype
-  return head_cross_entropy(rows, w, targets.reshape({-1}), config_.logit_softcap);
+  const auto& w = lm_head ? lm_head->weight : wte->weight;  // (V, C)
+  // By chunks: training in fp32 on the CPU (head_cross_entropy_applies); under CPU autocast the head
+  // stays forward's bf16 product.
+  if (torch::GradMode::is_enabled() && !at::autocast::is_autocast_enabled(at::kCPU) &&
+      head_cross_entropy_applies(rows, w))
+    return head_cross_entropy(rows, w, targets.reshape({-1}), config_.logit_softcap);
+  return head_and_loss(x, targets).second;  // forward's
 }
 
 torch::Tensor GPTImpl::logits(const torch::Tensor& idx) { return head(run_blocks(embed(idx, 0), 0, nullptr, nullptr)); }
